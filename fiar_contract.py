@@ -1,0 +1,72 @@
+"""The public contract between fiar's node agent and operator: label keys, values and annotations.
+
+Both components import these names and nothing else from each other; shared/DESIGN.md is the
+source. Values are exact strings: vLLM accepts only ``auto``, ``trtllm`` and ``mnnvl`` (lower case)
+for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+PREFIX: Final = "fiar.io/"
+
+# -- Node labels, written by the agent on its own Node only -----------------------------------------
+LABEL_BACKEND: Final = "fiar.io/backend"
+"""The verified recommendation: one of BACKEND_VERDICTS."""
+LABEL_MULTICAST: Final = "fiar.io/multicast"
+"""One of MULTICAST_STATES."""
+LABEL_MNNVL: Final = "fiar.io/mnnvl"
+LABEL_TRTLLM: Final = "fiar.io/trtllm"
+"""Smoke-test results: one of TEST_RESULTS."""
+LABEL_GPUS: Final = "fiar.io/gpus"
+"""Number of GPUs, as a decimal string."""
+LABEL_CLIQUE: Final = "fiar.io/clique"
+"""``<clusterUUID>.<cliqueId>`` when the NVLink fabric reports one; absent otherwise."""
+
+AGENT_LABELS: Final = (LABEL_BACKEND, LABEL_MULTICAST, LABEL_MNNVL, LABEL_TRTLLM, LABEL_GPUS, LABEL_CLIQUE)
+
+# -- Node annotations ---------------------------------------------------------------------------------
+ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
+"""Versioned JSON report of the last probe (written by the agent)."""
+ANNOTATION_REPROBE: Final = "fiar.io/reprobe"
+"""Set by an admin to ask the agent for a new probe; the agent clears it."""
+
+# -- Pod metadata, written by the operator ------------------------------------------------------------
+LABEL_POD_POLICY: Final = "fiar.io/policy"
+"""Name of the FiAllreducePolicy that manages the pod."""
+ANNOTATION_POD_BACKEND: Final = "fiar.io/backend"
+"""The backend the pod's containers read through a fieldRef."""
+ANNOTATION_POD_DECISION: Final = "fiar.io/decision"
+"""JSON: node, node verdict, policy, reason."""
+NAMESPACE_IGNORE_LABEL: Final = "fiar.io/ignore"
+"""Namespaces with this label are never seen by the webhooks."""
+
+ENV_VAR: Final = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
+
+# -- Values ----------------------------------------------------------------------------------------
+Backend = Literal["mnnvl", "trtllm"]
+Verdict = Literal["mnnvl", "trtllm", "none"]
+EnvValue = Literal["auto", "trtllm", "mnnvl"]
+Multicast = Literal["supported", "unsupported", "disabled", "unknown"]
+TestResult = Literal["pass", "fail", "timeout", "skipped"]
+
+BACKENDS: Final[tuple[Backend, ...]] = ("mnnvl", "trtllm")
+BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = ("mnnvl", "trtllm", "none")
+ENV_VALUES: Final[tuple[EnvValue, ...]] = ("auto", "trtllm", "mnnvl")
+MULTICAST_STATES: Final[tuple[Multicast, ...]] = ("supported", "unsupported", "disabled", "unknown")
+TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
+
+# Host-policy variables: any of these set to its value means "multicast is disabled by the host".
+HOST_POLICY_ENV: Final = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+# -- Custom resource -----------------------------------------------------------------------------------
+GROUP: Final = "fiar.io"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "fiallreducepolicies"
+KIND: Final = "FiAllreducePolicy"
+SHORT_NAME: Final = "fiarp"

@@ -1,0 +1,91 @@
+"""Command line for the local control plane.
+
+    python -m devcluster build            # compile the pinned binaries into the cache (once)
+    python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
+    python -m devcluster status
+    python -m devcluster down             # stop every process it started
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from devcluster import build
+from devcluster.cluster import ControlPlane, ControlPlaneError, Tier
+
+
+def default_workdir() -> Path:
+    env = os.environ.get("FIAR_DEVCLUSTER_DIR")
+    return Path(env) if env else Path(tempfile.gettempdir()) / "fiar-devcluster"
+
+
+def _up(args: argparse.Namespace) -> int:
+    workdir: Path = args.dir
+    if (workdir / "state.json").exists():
+        plane = ControlPlane.attach(workdir)
+        if all(ok for _, ok in plane.iter_status()):
+            print(f"already running; export KUBECONFIG={plane.kubeconfig}")
+            return 0
+        plane.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    build.build_all()
+    plane = ControlPlane(workdir, Tier[args.tier])
+    plane.start()
+    print(f"control plane (tier {args.tier}) is up at {plane.server}")
+    print(f"logs: {plane.log_dir}")
+    print(f"export KUBECONFIG={plane.kubeconfig}")
+    print(f"kubectl: {build.binary_path('kubectl')}")
+    print("stop it with: make down   (or: PYTHONPATH=tools python -m devcluster down)")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    if not (args.dir / "state.json").exists():
+        print(f"no control plane recorded in {args.dir}")
+        return 0
+    ControlPlane.attach(args.dir).stop()
+    print("stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    if not (args.dir / "state.json").exists():
+        print("not running")
+        return 1
+    plane = ControlPlane.attach(args.dir)
+    ok = True
+    for name, healthy in plane.iter_status():
+        ok &= healthy
+        print(f"{name:26s} {'ready' if healthy else 'NOT READY'}")
+    print(f"KUBECONFIG={plane.kubeconfig}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, default=default_workdir(), help="work directory (default: %(default)s)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build", help="build the control-plane binaries")
+    up = sub.add_parser("up", help="start the control plane and return")
+    up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
+    sub.add_parser("down", help="stop it")
+    sub.add_parser("status", help="show component health")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "build":
+            build.build_all()
+            return 0
+        return {"up": _up, "down": _down, "status": _status}[args.cmd](args)
+    except (build.BuildError, ControlPlaneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
