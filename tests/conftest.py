@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from devcluster import build
 from devcluster.cluster import ControlPlane, Tier
 

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from devcluster.cluster import ControlPlane
 from devcluster.webhooks import Review, WebhookServer, mutating_configuration
-from kubernetes import client
 
 pytestmark = pytest.mark.controlplane
 
@@ -103,13 +104,12 @@ def test_pod_create_and_binding_webhooks_give_the_pod_its_nodes_value(
 
 
 def _try_create(core: client.CoreV1Api, ns: str, pod: dict[str, Any]) -> Any:
-    # The API server picks up a new webhook configuration within moments; retry until it does.
-    created = core.create_namespaced_pod(ns, pod)
-    if (created.metadata.annotations or {}).get(ANNOTATION):
-        return created
-    core.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
-    _wait(lambda: not core.list_namespaced_pod(ns, field_selector=f"metadata.name={created.metadata.name}").items)
-    return None
+    # The API server picks up a new webhook configuration within moments: probe with a dry run
+    # (no object is stored) until the mutation shows, then create the pod for real.
+    probe = core.create_namespaced_pod(ns, pod, dry_run="All")
+    if not (probe.metadata.annotations or {}).get(ANNOTATION):
+        return None
+    return core.create_namespaced_pod(ns, pod)
 
 
 def _running(core: client.CoreV1Api, ns: str, name: str) -> Any:

@@ -6,9 +6,10 @@ import time
 from typing import Any
 
 import pytest
-from devcluster.cluster import ControlPlane
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from devcluster.cluster import ControlPlane
 
 pytestmark = pytest.mark.controlplane
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from devcluster.cluster import ControlPlane
 from kubernetes import client
+
+from devcluster.cluster import ControlPlane
 
 pytestmark = pytest.mark.controlplane
 

@@ -135,6 +135,14 @@ def require_tools() -> None:
         )
 
 
+def _go_binary_name(package: str) -> str:
+    """The file name ``go build -o dir/`` gives a main package (a major-version suffix is skipped)."""
+    parts = package.split("/")
+    if len(parts) > 1 and re.fullmatch(r"v[0-9]+", parts[-1]):
+        return parts[-2]
+    return parts[-1]
+
+
 def build_tool(tool: Tool, log: TextLog) -> None:
     out = tool_dir(tool)
     todo = [b for b in tool.binaries if not (out / b).is_file()]
@@ -148,17 +156,15 @@ def build_tool(tool: Tool, log: TextLog) -> None:
     env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOWORK="off", GOFLAGS="-mod=readonly")
     log(f"{tool.name} {tool.version()}: building {', '.join(todo)} (cold builds take minutes)...")
     start = time.monotonic()
-    packages = [p for p, b in zip(tool.packages, tool.binaries) if b in todo]
+    packages = [p for p, b in zip(tool.packages, tool.binaries, strict=True) if b in todo]
     cmd = ["go", "build", "-trimpath", "-ldflags", _ldflags(tool), "-o", f"{tmp}/", *packages]
     proc = subprocess.run(cmd, cwd=MODULES_DIR / tool.name, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"building {tool.name} failed:\n{proc.stderr[-4000:]}")
-    for binary, pkg in zip(tool.binaries, tool.packages):
+    for binary, pkg in zip(tool.binaries, tool.packages, strict=True):
         if binary not in todo:
             continue
-        built = tmp / pkg.rsplit("/", 1)[-1]
-        if pkg.endswith("/v3") and not built.exists():
-            built = tmp / "v3"
+        built = tmp / _go_binary_name(pkg)
         if not built.exists():
             candidates = sorted(p.name for p in tmp.iterdir())
             raise BuildError(f"{tool.name}: expected {built.name} in {tmp}, found {candidates}")

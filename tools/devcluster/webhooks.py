@@ -10,6 +10,7 @@ import base64
 import json
 import ssl
 import threading
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -58,7 +59,8 @@ class WebhookServer:
                 length = int(self.headers.get("Content-Length", "0"))
                 review = json.loads(self.rfile.read(length))
                 outer.requests.append(review)
-                mutator = outer.mutators.get(self.path.strip("/"))
+                # The API server appends "?timeout=Ns" to the configured URL.
+                mutator = outer.mutators.get(urllib.parse.urlsplit(self.path).path.strip("/"))
                 request = review["request"]
                 response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
                 patch = mutator(request) if mutator else []
