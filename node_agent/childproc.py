@@ -1,0 +1,158 @@
+"""Run a child process in its own process group, with a hard timeout that kills the whole group.
+
+Native code (NVML, the CUDA driver, NCCL, FlashInfer kernels) can crash or hang the process that
+calls it, and a hung collective blocks every rank. So each native step runs in a fresh session
+(``start_new_session``): its children inherit the process group, and one ``killpg`` ends all of
+them: ranks, ninja and nvcc included. A crash becomes a return code and a signal name in the
+report; the resident agent never shares an address space with native probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import node_agent
+
+PACKAGE_ROOT = Path(node_agent.__file__).resolve().parent.parent
+"""The folder holding ``node_agent`` and ``fiar_contract``; children get it on PYTHONPATH."""
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    argv: tuple[str, ...]
+    returncode: int | None
+    timed_out: bool
+    cancelled: bool
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended the child (not one the launcher sent)."""
+        if self.timed_out or self.cancelled or self.returncode is None or self.returncode >= 0:
+            return None
+        return -self.returncode
+
+    @property
+    def signal_name(self) -> str | None:
+        sig = self.signal
+        if sig is None:
+            return None
+        try:
+            return signal.Signals(sig).name
+        except ValueError:
+            return f"signal {sig}"
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.cancelled
+
+    def stderr_tail(self, lines: int = 8) -> str:
+        return "\n".join(self.stderr.strip().splitlines()[-lines:])
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment plus ``extra``, with this package importable in the child."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH", "")
+    parts = [str(PACKAGE_ROOT), *[p for p in path.split(os.pathsep) if p and p != str(PACKAGE_ROOT)]]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def kill_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_child(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+    on_tick: Callable[[], None] | None = None,
+    tick_s: float = 0.2,
+    kill_grace_s: float = 3.0,
+    cwd: str | None = None,
+) -> ChildResult:
+    """Run ``argv`` in a new session; kill its whole process group on timeout or ``cancel``.
+
+    Output goes to temporary files, not pipes, so a chatty child can never block on a full pipe.
+    Whatever the outcome, the group is killed before returning: no rank outlives its test.
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+        pgid = proc.pid
+        timed_out = cancelled = False
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=tick_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if on_tick is not None:
+                    on_tick()
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                if time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    break
+        finally:
+            if proc.returncode is None or group_alive(pgid):
+                kill_group(pgid, kill_grace_s if (timed_out or cancelled) else 0.0)
+            proc.wait()
+        if on_tick is not None:
+            on_tick()
+        out.seek(0)
+        err.seek(0)
+        return ChildResult(
+            argv=tuple(argv),
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            stdout=out.read().decode(errors="replace"),
+            stderr=err.read().decode(errors="replace"),
+            duration_s=time.monotonic() - start,
+        )

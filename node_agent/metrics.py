@@ -1,0 +1,118 @@
+"""Prometheus metrics and the /metrics + /healthz endpoint of the daemon.
+
+Metrics (own registry, plus the process collector: ``process_resident_memory_bytes`` is the
+agent's RSS):
+
+``fiar_agent_probes_total{trigger,status}``            probes run, by trigger and ok/degraded
+``fiar_agent_probe_duration_seconds``                  length of the last probe
+``fiar_agent_last_probe_timestamp_seconds``            when the last probe finished
+``fiar_agent_label{key,value}``                        1 for each label value currently published
+``fiar_agent_smoke_step_seconds{backend,step}``        step durations of the last smoke tests (jit apart)
+``fiar_agent_publish_failures_total{error}``           failed writes to the API server
+``fiar_agent_publish_pending``                         1 while a verdict waits for the API server
+``fiar_agent_reprobe_requests_total``                  ``fiar.io/reprobe`` requests seen
+
+/healthz answers 200 while the run loop (or a running probe) has shown life within the stale
+limit, 503 otherwise: a wedged agent is restarted, a busy one is not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+import fiar_contract as contract
+from node_agent.errors import ConfigError
+
+
+class Health:
+    """A heartbeat the loop and running probes beat; stale after ``stale_after_s``."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def beat(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+
+    def healthy(self) -> bool:
+        with self._lock:
+            return time.monotonic() - self._last <= self.stale_after_s
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.probes = Counter("fiar_agent_probes", "Probes run.", ["trigger", "status"], registry=r)
+        self.probe_duration = Gauge("fiar_agent_probe_duration_seconds", "Length of the last probe.", registry=r)
+        self.last_probe = Gauge("fiar_agent_last_probe_timestamp_seconds", "When the last probe finished.", registry=r)
+        self.label = Gauge("fiar_agent_label", "1 for each published label value.", ["key", "value"], registry=r)
+        self.smoke_step = Gauge(
+            "fiar_agent_smoke_step_seconds", "Step durations of the last smoke tests.", ["backend", "step"], registry=r
+        )
+        self.publish_failures = Counter(
+            "fiar_agent_publish_failures", "Failed writes to the API server.", ["error"], registry=r
+        )
+        self.publish_pending = Gauge("fiar_agent_publish_pending", "1 while a verdict waits for the API.", registry=r)
+        self.reprobe_requests = Counter("fiar_agent_reprobe_requests", "fiar.io/reprobe requests seen.", registry=r)
+
+    def record_probe(self, trigger: str, report: dict[str, Any]) -> None:
+        self.probes.labels(trigger=trigger, status=report["status"]).inc()
+        self.probe_duration.set(float(report["duration_s"]))
+        self.last_probe.set(time.time())
+        for backend, test in report.get("tests", {}).items():
+            for step, seconds in test.get("steps", {}).items():
+                self.smoke_step.labels(backend=backend, step=step).set(float(seconds))
+
+    def record_labels(self, labels: dict[str, str]) -> None:
+        self.label.clear()
+        for key in contract.AGENT_LABELS:
+            if key in labels:
+                self.label.labels(key=key, value=labels[key]).set(1)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--metrics-addr must be HOST:PORT, got {addr!r}")
+    return host or "0.0.0.0", int(port)
+
+
+def serve(addr: str, metrics: AgentMetrics, health: Health) -> ThreadingHTTPServer:
+    """Start /metrics and /healthz on ``addr`` in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] == "/metrics":
+                body, status, ctype = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
+            elif self.path.split("?")[0] == "/healthz":
+                ok = health.healthy()
+                body, status, ctype = (b"ok\n" if ok else b"stale\n"), (200 if ok else 503), "text/plain"
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+            pass
+
+    host, port = parse_addr(addr)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}: {exc}") from exc
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,230 @@
+"""One probe: inventory, multicast capability, host policy, smoke tests, verdict, report.
+
+Shared by ``fiar-agent probe`` (one shot, no Kubernetes) and the daemon. Every step that can fail
+degrades to a reason in the report; nothing here raises for a broken host.
+
+Which GPUs a test uses: one rank per GPU, the first N GPUs in NVML order, where N is the largest
+world size the backend supports (trtllm 2/4/8/16, mnnvl powers of two 2..64) not above the GPU
+count (or ``--gpus``).
+
+Idle guard: a test runs only when no compute process uses the GPUs under test, unless forced.
+When the GPUs are busy and an earlier report for the same driver and GPUs holds a conclusive
+result, that result is kept (the report says from when), so a busy node keeps its verified labels.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fiar_contract as contract
+from node_agent import report as report_mod
+from node_agent.errors import ConfigError, HardwareError
+from node_agent.hardware import Hardware
+from node_agent.inventory import Inventory
+from node_agent.policy import HostPolicy, resolve
+from node_agent.smoke import launcher
+from node_agent.smoke.outcome import (
+    KIND_BUSY,
+    KIND_NO_INVENTORY,
+    KIND_NOT_APPLICABLE,
+    KIND_POLICY,
+    KIND_UNAVAILABLE,
+    SmokeOutcome,
+    SmokeRequest,
+)
+from node_agent.verdict import DEFAULT_BENCH_MARGIN, Verdict, decide
+
+WORLD_SIZES: dict[contract.Backend, tuple[int, ...]] = {
+    "trtllm": (2, 4, 8, 16),
+    "mnnvl": (2, 4, 8, 16, 32, 64),
+}
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    forbid_multicast: bool = False
+    """Treat the host as forbidding multicast, whatever its environment says."""
+    force: bool = False
+    """Run smoke tests even when compute processes use the GPUs."""
+    timeout_s: float = 900.0
+    """Hard timeout of one smoke test, cold JIT included (a cold trtllm build takes minutes)."""
+    inventory_timeout_s: float = 60.0
+    gpus: int | None = None
+    """Ranks to test (a power of two, 2..64); default: as many GPUs as the backend supports."""
+    benchmark: bool = True
+    """Benchmark passing backends against NCCL allreduce; the verdict then passes over slow ones."""
+    bench_margin: float = DEFAULT_BENCH_MARGIN
+    require_prebuilt: bool = False
+    """Skip a test rather than compile kernels on the critical path."""
+    iters: int = 50
+    peer_grace_s: float = 10.0
+
+    def validate(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
+        if not self.inventory_timeout_s > 0:
+            raise ConfigError(f"inventory timeout must be positive, got {self.inventory_timeout_s}")
+        if self.gpus is not None and self.gpus not in WORLD_SIZES["mnnvl"]:
+            raise ConfigError(f"--gpus must be a power of two from 2 to 64, got {self.gpus}")
+        if not 0 <= self.bench_margin <= 10:
+            raise ConfigError(f"--bench-margin must be between 0 and 10, got {self.bench_margin}")
+        if self.iters < 1:
+            raise ConfigError(f"--iters must be at least 1, got {self.iters}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    report: dict[str, Any]
+    verdict: Verdict
+    inventory: Inventory | None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.verdict.labels)
+
+    @property
+    def exit_code(self) -> int:
+        """0 ok, 1 degraded (see ``fiar-agent probe --help``)."""
+        return 0 if self.verdict.status == "ok" else 1
+
+
+def world_size(backend: contract.Backend, available: int) -> int | None:
+    fitting = [n for n in WORLD_SIZES[backend] if n <= available]
+    return max(fitting) if fitting else None
+
+
+def host_policy(hw: Hardware, config: ProbeConfig, environ: Mapping[str, str]) -> HostPolicy:
+    environments: list[tuple[str, Mapping[str, str]]] = [("env", environ)]
+    if hw.simulated:
+        environments.append(("recorded host env", hw.host_environment()))
+    return resolve(environments, config.forbid_multicast)
+
+
+def _plan(
+    backend: contract.Backend,
+    inv: Inventory | None,
+    policy: HostPolicy,
+    config: ProbeConfig,
+    software: Mapping[str, str | None],
+    reuse: Mapping[contract.Backend, SmokeOutcome],
+) -> SmokeOutcome | tuple[int, ...]:
+    """Either the outcome of a test that does not run, or the GPUs to run it on."""
+    if inv is None:
+        return SmokeOutcome.skipped(backend, KIND_NO_INVENTORY, "not run: the GPUs could not be read", degraded=True)
+    if backend == "mnnvl" and policy.multicast_forbidden:
+        return SmokeOutcome.skipped(
+            backend,
+            KIND_POLICY,
+            f"not run: host policy forbids multicast ({', '.join(policy.sources)}); no multicast object is created",
+        )
+    n = len(inv.gpus)
+    if n < 2:
+        return SmokeOutcome.skipped(
+            backend, KIND_NOT_APPLICABLE, f"not run: {n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
+        )
+    size = world_size(backend, min(config.gpus or n, n))
+    assert size is not None  # n >= 2 and 2 is a world size of every backend
+    devices = tuple(sorted(g.index for g in inv.gpus))[:size]
+    busy = [f"GPU {g.index}: {g.compute_processes}" for g in inv.gpus if g.index in devices and g.compute_processes]
+    if busy and not config.force:
+        if backend in reuse:
+            return reuse[backend]
+        return SmokeOutcome.skipped(
+            backend,
+            KIND_BUSY,
+            f"not run: GPUs busy (compute processes {', '.join(busy)}); --force tests anyway",
+            degraded=True,
+        )
+    missing = [name for name in ("torch", "flashinfer") if not software.get(name)]
+    if missing:
+        return SmokeOutcome.skipped(
+            backend, KIND_UNAVAILABLE, f"not run: {' and '.join(missing)} not installed", degraded=True
+        )
+    return devices
+
+
+def probe(
+    hw: Hardware,
+    config: ProbeConfig,
+    *,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    heartbeat: Callable[[], None] | None = None,
+    previous: Mapping[str, Any] | None = None,
+    node: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProbeResult:
+    """Probe ``hw`` once. ``previous`` is an earlier report whose results may be kept (busy GPUs)."""
+    say: Progress = progress or (lambda _line: None)
+    started, t0 = time.time(), time.monotonic()
+    policy = host_policy(hw, config, os.environ if environ is None else environ)
+    if policy.multicast_forbidden:
+        say(f"policy: multicast forbidden ({', '.join(policy.sources)})")
+    software = hw.software_versions()
+
+    say("inventory: reading NVML and the CUDA driver (child process)")
+    inv: Inventory | None = None
+    inventory_error: str | None = None
+    try:
+        inv = hw.read_inventory(config.inventory_timeout_s)
+    except HardwareError as exc:
+        inventory_error = f"inventory unavailable: {exc}"
+        say(inventory_error)
+    if inv is not None:
+        models = ", ".join(sorted({g.name for g in inv.gpus})) or "no GPUs"
+        say(f"inventory: {len(inv.gpus)} GPU(s) ({models}), driver {inv.driver_version}, CUDA {inv.cuda_driver_str}")
+    reuse = report_mod.reusable_tests(previous, inv.fingerprint()) if inv is not None else {}
+
+    tests: dict[contract.Backend, SmokeOutcome] = {}
+    for backend in contract.BACKENDS:  # mnnvl first (when allowed), then trtllm
+        plan = _plan(backend, inv, policy, config, software, reuse)
+        if isinstance(plan, SmokeOutcome):
+            tests[backend] = plan
+            say(f"{backend}: {plan.result} ({plan.reason})")
+            continue
+        request = SmokeRequest(
+            backend=backend,
+            devices=plan,
+            timeout_s=config.timeout_s,
+            benchmark=config.benchmark,
+            require_prebuilt=config.require_prebuilt,
+            iters=config.iters,
+        )
+        say(f"{backend}: smoke test, {len(plan)} ranks on GPUs {list(plan)}, hard timeout {config.timeout_s:.0f}s")
+        outcome = launcher.run_smoke(
+            request,
+            hw.smoke_worker(backend),
+            policy.child_env(backend),
+            cancel=cancel,
+            progress=say,
+            heartbeat=heartbeat,
+            peer_grace_s=config.peer_grace_s,
+        )
+        tests[backend] = outcome
+        say(f"{backend}: {outcome.result}" + (f" ({outcome.reason})" if outcome.reason else ""))
+
+    verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error)
+    doc = report_mod.build(
+        hardware=hw.description,
+        started_at=started,
+        duration_s=time.monotonic() - t0,
+        inv=inv,
+        inventory_error=inventory_error,
+        policy=policy,
+        tests=tests,
+        verdict=verdict,
+        software=software,
+        config=config.to_dict(),
+        node=node,
+    )
+    return ProbeResult(report=doc, verdict=verdict, inventory=inv)

@@ -1,0 +1,175 @@
+"""The probe report: the JSON document behind the ``fiar.io/probe-report`` annotation.
+
+Schema ``fiar.io/probe-report``, version 1. Top-level keys:
+
+``schema``, ``version``      identify the format; readers ignore reports of other versions
+``agent``                    agent version
+``node``                     the Node it was written to (daemon only)
+``hardware``                 ``nvml`` or ``simulated (... host <fixture>)``
+``probe_time``               RFC 3339 UTC time the probe started; ``duration_s`` its length
+``status``                   ``ok`` or ``degraded``
+``labels``                   exactly the labels written (or, from ``fiar-agent probe``, that would be)
+``reasons``                  why, in sentences, one per finding
+``versions``                 agent, driver, CUDA driver, NVML, torch, FlashInfer (and NCCL from the test)
+``inventory``                GPU summary (count, models, NVLink, P2P, fabric, multicast attribute)
+``fingerprint``              driver + GPU UUIDs: a result is reused only while it is unchanged
+``policy``                   host policy: whether multicast is forbidden and by what
+``tests``                    per backend: result, kind, reason, step seconds (``jit`` apart from the
+                             test), numerics, latency, benchmark points, the child's policy env
+``benchmark``                per passing backend: geometric-mean ratio to NCCL and the margin
+``config``                   the probe options that shape results (timeout, ranks, benchmark)
+
+The annotation is kept compact (no whitespace) and well under Kubernetes' 256 KiB budget for all
+annotations of an object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import fiar_contract as contract
+from node_agent import __version__
+from node_agent.inventory import Inventory
+from node_agent.policy import HostPolicy
+from node_agent.smoke.outcome import SmokeOutcome
+from node_agent.verdict import Verdict
+
+SCHEMA = "fiar.io/probe-report"
+VERSION = 1
+MAX_BYTES = 64 * 1024
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def inventory_summary(inv: Inventory) -> dict[str, Any]:
+    pairs = [(a.index, b.index) for i, a in enumerate(inv.gpus) for b in inv.gpus[i + 1 :]]
+    nvlink_pairs = [inv.nvlink_p2p(a, b) for a, b in pairs]
+    p2p = (
+        "n/a"
+        if not pairs
+        else ("all pairs" if all(nvlink_pairs) else ("none" if not any(nvlink_pairs) else "some pairs"))
+    )
+    fabrics = [g.fabric for g in inv.gpus]
+    fabric: dict[str, Any] | None = None
+    if any(f is not None for f in fabrics):
+        fabric = {
+            "state": sorted({f.state for f in fabrics if f is not None}),
+            "completed": all(f is not None and f.completed for f in fabrics),
+            "cluster_uuid_zero": all(f is not None and not f.has_cluster for f in fabrics),
+            "cliques": sorted({f.clique for f in fabrics if f is not None and f.has_cluster}),
+        }
+    return {
+        "gpus": len(inv.gpus),
+        "models": sorted({g.name for g in inv.gpus}),
+        "compute_capability": sorted({g.cc_str for g in inv.gpus}),
+        "memory_mib": sorted({g.memory_total_mib for g in inv.gpus if g.memory_total_mib is not None}),
+        "nvlink_active": [g.active_links for g in inv.gpus],
+        "nvlink_to_nvswitch": [g.switch_links for g in inv.gpus],
+        "nvlink_remote_types": sorted(
+            {n.remote_type for g in inv.gpus for n in g.nvlinks if n.active and n.remote_type is not None}
+        ),
+        "nvswitch": bool(inv.gpus) and all(g.switch_links > 0 for g in inv.gpus),
+        "p2p_nvlink": p2p,
+        "fabric": fabric,
+        "multicast_attribute": [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus],
+        "cuMulticastCreate_exported": inv.multicast_create_exported,
+        "compute_processes": [g.compute_processes for g in inv.gpus],
+        "errors": list(inv.errors),
+    }
+
+
+def build(
+    *,
+    hardware: str,
+    started_at: float,
+    duration_s: float,
+    inv: Inventory | None,
+    inventory_error: str | None,
+    policy: HostPolicy,
+    tests: Mapping[contract.Backend, SmokeOutcome],
+    verdict: Verdict,
+    software: Mapping[str, str | None],
+    config: Mapping[str, Any],
+    node: str | None = None,
+) -> dict[str, Any]:
+    versions: dict[str, Any] = {
+        "agent": __version__,
+        "driver": inv.driver_version if inv else None,
+        "cuda_driver": inv.cuda_driver_str if inv else None,
+        "nvml": inv.nvml_version if inv else None,
+        "torch": software.get("torch"),
+        "flashinfer": software.get("flashinfer"),
+    }
+    for outcome in tests.values():  # what the child actually imported beats package metadata
+        for key in ("torch", "flashinfer", "nccl", "cuda_runtime"):
+            if outcome.versions.get(key):
+                versions[key] = outcome.versions[key]
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "agent": __version__,
+        "node": node,
+        "hardware": hardware,
+        "probe_time": rfc3339(started_at),
+        "duration_s": round(duration_s, 3),
+        "status": verdict.status,
+        "labels": dict(verdict.labels),
+        "reasons": list(verdict.reasons),
+        "versions": versions,
+        "inventory": inventory_summary(inv) if inv is not None else {"error": inventory_error},
+        "fingerprint": inv.fingerprint() if inv is not None else None,
+        "policy": policy.to_dict(),
+        "tests": {name: tests[name].to_dict() for name in contract.BACKENDS},
+        "benchmark": {name: j.to_dict() for name, j in verdict.bench.items()},
+        "config": dict(config),
+    }
+    return report
+
+
+def dumps(report: Mapping[str, Any]) -> str:
+    """Compact JSON for the annotation; drops benchmark points first if it would be too large."""
+    text = json.dumps(report, separators=(",", ":"), default=str)
+    if len(text.encode()) <= MAX_BYTES:
+        return text
+    slim = json.loads(text)
+    for test in slim.get("tests", {}).values():
+        test.pop("bench", None)
+    slim.setdefault("reasons", []).append("benchmark points dropped from the annotation (size)")
+    return json.dumps(slim, separators=(",", ":"), default=str)
+
+
+def loads(text: str | None) -> dict[str, Any] | None:
+    """A report of this schema and version, or None (absent, garbage, other version)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
+        return None
+    return doc
+
+
+def reusable_tests(previous: Mapping[str, Any] | None, fingerprint: str) -> dict[contract.Backend, SmokeOutcome]:
+    """Conclusive test results of an earlier report for the same driver and GPUs."""
+    if not previous or previous.get("fingerprint") != fingerprint:
+        return {}
+    found: dict[contract.Backend, SmokeOutcome] = {}
+    for name in contract.BACKENDS:
+        raw = (previous.get("tests") or {}).get(name)
+        if not isinstance(raw, dict):
+            continue
+        try:
+            outcome = SmokeOutcome.from_dict(name, raw)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if outcome.result in ("pass", "fail") and not outcome.degraded:
+            when = outcome.reused_from or str(previous.get("probe_time"))
+            found[name] = SmokeOutcome.from_dict(name, {**raw, "reused_from": when})
+    return found

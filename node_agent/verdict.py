@@ -1,0 +1,197 @@
+"""From inventory, host policy and smoke-test outcomes to node labels and reasons. Pure.
+
+Labels (values are exactly those of ``fiar_contract``):
+
+``fiar.io/backend``
+    ``mnnvl`` if its smoke test passed, else ``trtllm`` if its test passed, else ``none``; a
+    backend whose benchmark is slower than NCCL by more than the margin is passed over (see
+    ``judge_bench``). One GPU or none: ``none`` (there is no allreduce between GPUs on the node).
+``fiar.io/multicast``
+    ``disabled`` when the host policy forbids it (whatever the hardware says); ``unsupported`` when
+    ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` reads 0 on a GPU, libcuda lacks
+    ``cuMulticastCreate``, or the mnnvl workspace came up with a null multicast pointer;
+    ``supported`` only when the mnnvl test passed; ``unknown`` otherwise (the attribute is
+    necessary, not sufficient).
+``fiar.io/mnnvl``, ``fiar.io/trtllm``
+    the smoke-test result: ``pass``, ``fail``, ``timeout`` or ``skipped``.
+``fiar.io/gpus``
+    the number of GPUs NVML reports (``0`` when NVML cannot be read).
+``fiar.io/clique``
+    ``<clusterUUID>.<cliqueId>`` when every GPU's fabric is COMPLETED in one clique of a non-zero
+    cluster; absent otherwise (single-node NVSwitch fabrics report an all-zero cluster UUID).
+
+The probe is ``degraded`` when a step could not give an answer (no inventory, a timeout, missing
+software, busy GPUs); a backend that fails its test is a finding, not a degradation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fiar_contract as contract
+from node_agent.inventory import Inventory
+from node_agent.policy import HostPolicy
+from node_agent.smoke.outcome import KIND_NULL_MC_PTR, SmokeOutcome
+
+DEFAULT_BENCH_MARGIN = 0.10
+"""A backend whose geometric-mean latency is more than 10% above plain NCCL's is not recommended."""
+
+Status = Literal["ok", "degraded"]
+
+
+@dataclass(frozen=True)
+class BenchJudgement:
+    backend: contract.Backend
+    points: int
+    geomean_ratio: float
+    """Geometric mean over the benchmark points of backend latency / NCCL latency (both eager)."""
+    margin: float
+    faster_points: int
+
+    @property
+    def recommended(self) -> bool:
+        return self.geomean_ratio <= 1.0 + self.margin
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "points": self.points,
+            "geomean_ratio_vs_nccl": round(self.geomean_ratio, 3),
+            "faster_than_nccl_at": self.faster_points,
+            "margin": self.margin,
+            "recommended": self.recommended,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    labels: dict[str, str]
+    backend: contract.Verdict
+    multicast: contract.Multicast
+    reasons: tuple[str, ...]
+    status: Status
+    bench: Mapping[str, BenchJudgement] = field(default_factory=dict)
+
+
+def judge_bench(outcome: SmokeOutcome, margin: float) -> BenchJudgement | None:
+    """Compare a passing backend with NCCL over its benchmark points (None: not benchmarked)."""
+    points = [p for p in outcome.bench if p.nccl_us > 0 and p.backend_us > 0]
+    if not points:
+        return None
+    geomean = math.exp(sum(math.log(p.ratio) for p in points) / len(points))
+    return BenchJudgement(
+        backend=outcome.backend,
+        points=len(points),
+        geomean_ratio=geomean,
+        margin=margin,
+        faster_points=sum(1 for p in points if p.ratio < 1.0),
+    )
+
+
+def clique(inv: Inventory) -> str | None:
+    """The NVLink clique all GPUs share, or None."""
+    fabrics = [g.fabric for g in inv.gpus]
+    if not fabrics or any(f is None or not f.completed or not f.has_cluster for f in fabrics):
+        return None
+    values = {f.clique for f in fabrics if f is not None}
+    return values.pop() if len(values) == 1 else None
+
+
+def multicast_state(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutcome) -> tuple[contract.Multicast, str]:
+    if policy.multicast_forbidden:
+        return "disabled", f"multicast disabled by host policy ({', '.join(policy.sources)})"
+    if inv is None:
+        return "unknown", "multicast unknown: the GPUs could not be read"
+    if not inv.gpus:
+        return "unknown", "multicast unknown: no GPUs"
+    attrs = [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus]
+    if any(a == 0 for a in attrs):
+        zero = [g.index for g, a in zip(inv.gpus, attrs, strict=True) if a == 0]
+        return "unsupported", f"multicast unsupported: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on GPU {zero}"
+    if inv.multicast_create_exported is False:
+        return "unsupported", "multicast unsupported: libcuda does not export cuMulticastCreate (driver < 535)"
+    if mnnvl.result == "pass":
+        return "supported", "multicast supported: the mnnvl workspace had a multicast pointer and its allreduce passed"
+    if mnnvl.kind == KIND_NULL_MC_PTR:
+        return (
+            "unsupported",
+            "multicast unsupported: the device attribute reads 1 but the workspace got no multicast pointer",
+        )
+    if any(a is None for a in attrs):
+        return "unknown", "multicast unknown: the device attribute could not be read"
+    return (
+        "unknown",
+        "multicast unknown: the device attribute reads 1 (necessary, not sufficient) and no mnnvl test proved it",
+    )
+
+
+def decide(
+    inv: Inventory | None,
+    policy: HostPolicy,
+    tests: Mapping[contract.Backend, SmokeOutcome],
+    *,
+    margin: float = DEFAULT_BENCH_MARGIN,
+    inventory_error: str | None = None,
+) -> Verdict:
+    reasons: list[str] = []
+    if inventory_error:
+        reasons.append(inventory_error)
+    mnnvl, trtllm = tests["mnnvl"], tests["trtllm"]
+    multicast, why = multicast_state(inv, policy, mnnvl)
+    reasons.append(why)
+
+    judgements: dict[str, BenchJudgement] = {}
+    backend: contract.Verdict = "none"
+    for name in contract.BACKENDS:
+        outcome = tests[name]
+        if outcome.result != "pass":
+            reasons.append(f"{name} {outcome.result}: {outcome.reason or outcome.kind}")
+            continue
+        judgement = judge_bench(outcome, margin)
+        where = f"{len(outcome.devices)} GPUs" if outcome.devices else "the GPUs"
+        passed = f"{name} passed eagerly and under CUDA-graph replay on {where}"
+        if outcome.reused_from:
+            passed += f" (result kept from the probe at {outcome.reused_from})"
+        if judgement is not None:
+            judgements[name] = judgement
+            ratio = f"{judgement.geomean_ratio:.2f}x NCCL's latency (geometric mean of {judgement.points} sizes)"
+            if not judgement.recommended:
+                reasons.append(f"{passed}, but is not recommended: {ratio} exceeds 1 + {margin:.2f}")
+                continue
+            passed += f"; {ratio}"
+        else:
+            passed += "; not benchmarked against NCCL"
+        reasons.append(passed)
+        if backend == "none":
+            backend = name
+    gpus = len(inv.gpus) if inv is not None else 0
+    if backend == "none":
+        if inv is not None and gpus < 2:
+            reasons.append(
+                f"backend none: {gpus} GPU{'s' if gpus != 1 else ''}, no allreduce between GPUs on this node"
+            )
+        else:
+            reasons.append("backend none: no backend passed its smoke test and benchmark")
+
+    labels = {
+        contract.LABEL_BACKEND: backend,
+        contract.LABEL_MULTICAST: multicast,
+        contract.LABEL_MNNVL: mnnvl.result,
+        contract.LABEL_TRTLLM: trtllm.result,
+        contract.LABEL_GPUS: str(gpus),
+    }
+    if inv is not None:
+        value = clique(inv)
+        if value is not None:
+            labels[contract.LABEL_CLIQUE] = value
+    degraded = inv is None or any(t.degraded for t in tests.values())
+    return Verdict(
+        labels=labels,
+        backend=backend,
+        multicast=multicast,
+        reasons=tuple(dict.fromkeys(reasons)),
+        status="degraded" if degraded else "ok",
+        bench=judgements,
+    )
