@@ -97,4 +97,9 @@ def run_smoke(
             supervisor = json.loads((events_dir / "supervisor.json").read_text())
         except (FileNotFoundError, ValueError):
             supervisor = None
-    return classify(request, ranks, supervisor, child, env)
+    outcome = classify(request, ranks, supervisor, child, env)
+    if progress is not None and outcome.result != "pass":
+        tail = child.stderr_tail(12)
+        if tail:
+            progress(f"{request.backend}: last lines of the ranks' stderr:\n{tail}")
+    return outcome

@@ -347,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.emit("import", "missing", error=f"{type(exc).__name__}: {exc}")
         return EXIT_MISSING
-    nccl = getattr(getattr(torch.cuda, "nccl", None), "version", lambda: ())()
+    try:
+        nccl = tuple(torch.cuda.nccl.version())
+    except Exception:
+        nccl = ()
     versions = {
         "torch": torch.__version__,
         "flashinfer": getattr(flashinfer, "__version__", "unknown"),
