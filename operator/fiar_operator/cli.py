@@ -1,10 +1,25 @@
-"""``fiar-operator`` entry point."""
+"""``fiar-operator`` entry point.
+
+    fiar-operator run [--kubeconfig F] [--webhook-port P --tls-cert C --tls-key K] [--standalone] ...
+    fiar-operator crd                       print the FiAllreducePolicy CRD
+    fiar-operator webhook-config --url U --ca-file F    print the MutatingWebhookConfiguration
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
 
-from fiar_operator import __version__
+import yaml
+
+from fiar_operator import __version__, crd, kube, webhookconfig
+from fiar_operator.errors import OperatorError
+from fiar_operator.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,9 +29,127 @@ def build_parser() -> argparse.ArgumentParser:
         "on the node it is bound to.",
     )
     parser.add_argument("--version", action="version", version=f"fiar-operator {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the operator (webhooks on every replica, reconciler on one)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, then ~/.kube/config)")
+    run.add_argument("--webhook-host", default="0.0.0.0")
+    run.add_argument("--webhook-port", type=int, default=9443)
+    run.add_argument("--tls-cert", type=Path, help="PEM serving certificate of the webhooks")
+    run.add_argument("--tls-key", type=Path, help="PEM key of the serving certificate")
+    run.add_argument("--metrics-host", default="0.0.0.0")
+    run.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz (-1: off)")
+    run.add_argument("--read-timeout", type=float, default=0.3,
+                     help="seconds for the binding webhook's last-resort read of an unseen pod")
+    run.add_argument("--status-interval", type=float, default=0.5)
+    run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
+    run.add_argument("--peering", default="fiar", help="kopf peering name (replicas of one deployment share it)")
+    run.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    run.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    run.add_argument("--install-crd", action="store_true", help="create or update the CRD at start (local runs)")
+    run.add_argument("--register-webhooks", metavar="URL",
+                     help="local runs: register a webhook configuration pointing at URL (https://host:port)")
+    run.add_argument("--webhook-ca", type=Path, help="CA bundle for --register-webhooks (default: --tls-cert)")
+    run.add_argument("--verbose", action="store_true")
+
+    commands.add_parser("crd", help="print the FiAllreducePolicy CustomResourceDefinition")
+
+    config = commands.add_parser("webhook-config", help="print the MutatingWebhookConfiguration")
+    target = config.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="https://host:port of the webhook server")
+    target.add_argument("--service", help="NAMESPACE/NAME:PORT of the webhook Service")
+    config.add_argument("--ca-file", type=Path, required=True, help="PEM CA bundle that signed the serving cert")
+    config.add_argument("--exclude-namespace", action="append", default=None,
+                        help="namespace the webhooks never see (repeatable; default kube-system)")
     return parser
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(
+        kubeconfig=args.kubeconfig,
+        webhook_host=args.webhook_host,
+        webhook_port=args.webhook_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        metrics_host=args.metrics_host,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        read_timeout=args.read_timeout,
+        status_interval=args.status_interval,
+        standalone=args.standalone,
+        peering=args.peering,
+        priority=args.priority,
+        liveness=args.liveness,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from fiar_operator import handlers  # noqa: F401  (registers the kopf handlers)
+    from fiar_operator.runtime import Runtime
+
+    settings = _settings(args)
+    settings.check()
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    kopf.configure(verbose=args.verbose)
+    runtime = Runtime(settings)
+    registered: str | None = None
+    if args.install_crd:
+        runtime.kube.apply(kube.CRDS, crd.definition())
+    if args.register_webhooks:
+        ca = args.webhook_ca or args.tls_cert
+        if ca is None:
+            raise OperatorError("--register-webhooks needs --webhook-ca or --tls-cert")
+        config = webhookconfig.configuration(Path(ca).read_bytes(), url=args.register_webhooks)
+        registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
+    try:
+        asyncio.run(kopf.operator(
+            clusterwide=True,
+            standalone=True if settings.standalone else None,
+            liveness_endpoint=settings.liveness,
+            memo=kopf.Memo(runtime=runtime),
+        ))
+    finally:
+        if registered:
+            with contextlib.suppress(OperatorError):
+                runtime.kube.delete(kube.MUTATING_CONFIGS, registered)
+    return 0
+
+
+def _webhook_config(args: argparse.Namespace) -> int:
+    service = None
+    if args.service:
+        try:
+            ref, port = args.service.rsplit(":", 1)
+            namespace, name = ref.split("/", 1)
+            service = (namespace, name, int(port))
+        except ValueError:
+            raise OperatorError(f"--service {args.service!r}: expected NAMESPACE/NAME:PORT") from None
+    exclude = args.exclude_namespace if args.exclude_namespace is not None else ["kube-system"]
+    config = webhookconfig.configuration(
+        args.ca_file.read_bytes(), url=args.url, service=service,
+        selector=webhookconfig.namespace_selector(exclude),
+    )
+    sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "crd":
+            sys.stdout.write(crd.text())
+            return 0
+        if args.command == "webhook-config":
+            return _webhook_config(args)
+    except OperatorError as exc:
+        logging.getLogger("fiar_operator").error("%s", exc)
+        sys.stderr.write(f"fiar-operator: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    build_parser().print_help()
     return 0

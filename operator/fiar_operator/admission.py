@@ -1,0 +1,196 @@
+"""The two mutating webhooks as plain functions: AdmissionReview in, AdmissionReview out.
+
+Both answer from the in-memory ``Store``. When an answer needs an object the store does not hold
+(a brand-new namespace's labels, or a pod this replica neither admitted nor has seen yet), the
+handler returns a ``Need``; the server fetches it with a bounded read and calls again with it.
+
+A malformed AdmissionReview raises ``ReviewError`` (HTTP 400). Anything else that goes wrong is
+answered ``allowed: true`` without a patch: the webhooks never block a pod or its scheduling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import fiar_contract as contract
+from fiar_operator import decide, mutation, patches
+from fiar_operator.errors import ReviewError
+from fiar_operator.metrics import Metrics
+from fiar_operator.pods import PodRecord, group_plan, pod_record
+from fiar_operator.policy import covers_namespace, select_policy
+from fiar_operator.store import Store
+
+REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+MAX_WARNINGS: Final = 8
+
+
+@dataclass(frozen=True)
+class Need:
+    """An object the answer depends on that the store does not hold: ``kind`` is pod or namespace."""
+
+    kind: str
+    namespace: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Review:
+    api_version: str
+    request: Mapping[str, Any]
+
+    @property
+    def uid(self) -> str:
+        return str(self.request["uid"])
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.request.get("dryRun"))
+
+
+def parse_review(body: bytes) -> Review:
+    """Check the envelope of an AdmissionReview; ReviewError says what is wrong with it."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReviewError(f"the body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ReviewError("an AdmissionReview must be a JSON object")
+    if doc.get("kind") != "AdmissionReview":
+        raise ReviewError(f"kind must be AdmissionReview, not {doc.get('kind')!r}")
+    if doc.get("apiVersion") not in REVIEW_VERSIONS:
+        raise ReviewError(f"apiVersion must be one of {', '.join(REVIEW_VERSIONS)}, not {doc.get('apiVersion')!r}")
+    request = doc.get("request")
+    if not isinstance(request, dict):
+        raise ReviewError("the AdmissionReview has no request object")
+    if not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise ReviewError("request.uid is missing")
+    return Review(str(doc["apiVersion"]), request)
+
+
+def respond(review: Review, ops: list[patches.Op] | None = None, warnings: list[str] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": review.uid, "allowed": True}
+    if ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = patches.encode(ops)
+    if warnings:
+        response["warnings"] = [f"fiar: {w}" for w in warnings[:MAX_WARNINGS]]
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Admission:
+    """The webhooks' logic over a Store; ``clock`` gives decision times (RFC 3339)."""
+
+    def __init__(self, store: Store, metrics: Metrics, clock: Callable[[], str] = utc_now) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _namespace_labels(self, namespace: str, fetched: Mapping[str, Any] | None) -> dict[str, str] | None:
+        labels = self.store.namespaces.get(namespace)
+        if labels is None and fetched is not None:
+            self.store.put_namespace(fetched)
+            labels = self.store.namespaces.get(namespace)
+        return labels
+
+    # -- pod CREATE ------------------------------------------------------------------------------
+    def pod_create(self, review: Review, fetched: Mapping[str, Any] | None = None) -> dict[str, Any] | Need:
+        request = review.request
+        pod = request.get("object")
+        if request.get("operation") != "CREATE" or request.get("subResource") or not isinstance(pod, dict):
+            self.metrics.admission("pods", "ignored")
+            return respond(review)
+        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+        policies = list(self.store.policies.values())
+        if not policies or not namespace:
+            self.metrics.admission("pods", "unmanaged")
+            return respond(review)
+        ns_labels = self._namespace_labels(namespace, fetched)
+        if ns_labels is None:
+            if any(not p.namespace_selector.empty for p in policies) and fetched is None:
+                return Need("namespace", namespace)
+            ns_labels = {NAMESPACE_NAME_LABEL: namespace}
+        if contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels):
+            self.metrics.admission("pods", "unmanaged")
+            return respond(review)
+        meta = pod.get("metadata") or {}
+        pod_labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes)
+        if not review.dry_run:
+            record = pod_record(plan.pod)
+            if not record.namespace:
+                record = dataclasses.replace(record, namespace=namespace)
+            record = dataclasses.replace(record, policy=plan.policy.name if plan.managed and plan.policy else None)
+            self.store.remember(record)
+        if plan.decision is not None:
+            self.metrics.decision(plan.decision)
+        self.metrics.admission("pods", "mutated" if plan.ops else ("unchanged" if plan.managed else "unmanaged"))
+        return respond(review, plan.ops, plan.warnings)
+
+    # -- pods/binding CREATE ---------------------------------------------------------------------
+    def _find_pod(
+        self, namespace: str, name: str, uid: str, fetched: Mapping[str, Any] | None
+    ) -> tuple[PodRecord | None, str]:
+        record = self.store.pods.get((namespace, name))
+        if record is not None and (not uid or not record.uid or record.uid == uid):
+            return record, "index"
+        memo = self.store.recall(namespace, name)
+        if memo is not None:
+            return memo, "memo"
+        if fetched is not None:
+            return self.store.put_pod(fetched), "read"
+        return None, "unknown"
+
+    def binding(
+        self, review: Review, fetched: Mapping[str, Any] | None = None, can_read: bool = True
+    ) -> dict[str, Any] | Need:
+        request = review.request
+        binding = request.get("object")
+        if (request.get("subResource") != "binding" or request.get("operation") != "CREATE"
+                or not isinstance(binding, dict)):
+            self.metrics.admission("binding", "ignored")
+            return respond(review)
+        meta = binding.get("metadata") or {}
+        target = (binding.get("target") or {}).get("name")
+        namespace = str(request.get("namespace") or meta.get("namespace") or "")
+        name = str(request.get("name") or meta.get("name") or "")
+        if not isinstance(target, str) or not target or not namespace or not name:
+            self.metrics.admission("binding", "ignored")
+            return respond(review)
+        policies = list(self.store.policies.values())
+        ns_labels = self.store.namespaces.get(namespace)
+        if not policies or (ns_labels is not None and (
+            contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels)
+        )):
+            self.metrics.lookup("uncovered")
+            self.metrics.admission("binding", "unmanaged")
+            return respond(review)
+        record, source = self._find_pod(namespace, name, str(meta.get("uid") or ""), fetched)
+        if record is None and can_read:
+            return Need("pod", namespace, name)
+        self.metrics.lookup(source)
+        policy = self.store.policies.get(record.policy) if record is not None and record.policy else None
+        if record is None or policy is None:
+            self.metrics.admission("binding", "unmanaged")
+            return respond(review)
+        decision = decide.decide(
+            policy, target, self.store.nodes.get(target), group_plan(record, policy), self.store.nodes,
+            trigger="binding", time=self.clock(),
+        )
+        ops = patches.set_map_entries(binding, ("metadata", "annotations"), {
+            contract.ANNOTATION_POD_BACKEND: decision.backend,
+            contract.ANNOTATION_POD_DECISION: decision.to_json(),
+        })
+        self.metrics.decision(decision)
+        self.metrics.admission("binding", "mutated")
+        return respond(review, ops)

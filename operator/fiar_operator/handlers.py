@@ -1,0 +1,60 @@
+"""kopf handlers: thin wrappers that feed the Runtime and post the Events it asks for.
+
+Event handlers run only on the active peer (kopf pauses the others); the webhooks and their
+indexes live in the Runtime and keep serving on every replica.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import kopf
+
+import fiar_contract as contract
+from fiar_operator.runtime import Event, Runtime
+
+
+def _post(events: list[Event]) -> None:
+    for event in events:
+        body = kopf.Body(cast("kopf.RawBody", dict(event.target)))
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _runtime(memo: kopf.Memo) -> Runtime:
+    runtime: Runtime = memo["runtime"]
+    return runtime
+
+
+@kopf.on.startup()
+def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.peering.name = _runtime(memo).settings.peering
+    settings.peering.priority = _runtime(memo).settings.priority
+    _runtime(memo).start()
+
+
+@kopf.on.cleanup()
+def stop(memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).stop()
+
+
+@kopf.on.probe(id="indexes")
+def indexes(memo: kopf.Memo, **_: Any) -> dict[str, int]:
+    return _runtime(memo).store.sizes()
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    _post(_runtime(memo).on_node(body, deleted=type == "DELETED"))
+
+
+@kopf.on.event("", "v1", "pods", labels={contract.LABEL_POD_POLICY: kopf.PRESENT})
+def pod_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    _post(_runtime(memo).on_pod(body, deleted=type == "DELETED"))
+
+
+@kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
+def policy_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    _post(_runtime(memo).on_policy(body, deleted=type == "DELETED"))

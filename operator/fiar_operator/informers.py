@@ -1,0 +1,117 @@
+"""List-and-watch threads that keep the Store current on every replica.
+
+kopf pauses its own watches on replicas that are not the active peer; the webhooks run on every
+replica, so their indexes come from these informers instead, which never pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fiar_operator import kube
+from fiar_operator.errors import ApiError
+from fiar_operator.store import Store
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF: Final = 30.0
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    path: str
+    put: Callable[[Store, Mapping[str, Any]], Any]
+    delete: Callable[[Store, Mapping[str, Any]], Any]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+SOURCES: Final = (
+    Source("nodes", kube.NODES, Store.put_node, lambda s, o: s.delete_node(str(_meta(o).get("name")))),
+    Source("namespaces", kube.NAMESPACES, Store.put_namespace,
+           lambda s, o: s.delete_namespace(str(_meta(o).get("name")))),
+    Source("policies", kube.POLICIES, Store.put_policy, lambda s, o: s.delete_policy(str(_meta(o).get("name")))),
+    Source("pods", kube.PODS, Store.put_pod,
+           lambda s, o: s.delete_pod(str(_meta(o).get("namespace")), str(_meta(o).get("name")),
+                                     str(_meta(o).get("uid") or ""))),
+)
+
+
+class Informer:
+    """One thread: list a collection into the store, then apply its watch events, forever."""
+
+    def __init__(self, client: kube.Kube, store: Store, source: Source, stop: threading.Event,
+                 on_change: Callable[[str], None] | None = None, watch_timeout: int = 300) -> None:
+        self.client, self.store, self.source, self.stop = client, store, source, stop
+        self.on_change = on_change
+        self.watch_timeout = watch_timeout
+        self.thread = threading.Thread(target=self._run, name=f"informer-{source.kind}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                items, version = self.client.list(self.source.path)
+                self.store.replace_all(self.source.kind, items)
+                self._changed()
+                backoff = 0.5
+                while not self.stop.is_set():
+                    version = self._watch(version)
+            except _Expired:
+                continue
+            except ApiError as exc:
+                if exc.status == 410:
+                    continue
+                log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            except (OSError, ValueError) as exc:
+                log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _watch(self, version: str) -> str:
+        for event in self.client.watch(self.source.path, version, timeout_seconds=self.watch_timeout):
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Expired()
+                raise ApiError(f"watch {self.source.path}: {obj.get('message')}", obj.get("code"))
+            version = str(_meta(obj).get("resourceVersion") or version)
+            if kind in ("ADDED", "MODIFIED"):
+                self.source.put(self.store, obj)
+            elif kind == "DELETED":
+                self.source.delete(self.store, obj)
+            else:
+                continue
+            self._changed()
+            if self.stop.is_set():
+                break
+        return version
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.source.kind)
+
+
+def start_all(client: kube.Kube, store: Store, stop: threading.Event,
+              on_change: Callable[[str], None] | None = None) -> list[Informer]:
+    informers = [Informer(client, store, source, stop, on_change) for source in SOURCES]
+    for informer in informers:
+        informer.start()
+    return informers

@@ -1,0 +1,122 @@
+"""FiAllreducePolicy: the typed form of a policy object, and which policy manages a pod.
+
+The CRD (``crds/fiallreducepolicies.yaml``) validates and defaults policies in the API server;
+``parse_policy`` applies the same defaults so that an object stored before a default existed, or a
+policy built in a test, reads the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, cast
+
+import fiar_contract as contract
+from fiar_operator import selectors
+from fiar_operator.errors import PolicyError
+
+Placement = Literal["Anywhere", "VerifiedNodesOnly"]
+Mode = Literal["Enforce", "Audit"]
+MultiNode = Literal["Auto", "Always", "Never"]
+
+PLACEMENTS: Final[tuple[Placement, ...]] = ("Anywhere", "VerifiedNodesOnly")
+MODES: Final[tuple[Mode, ...]] = ("Enforce", "Audit")
+MULTI_NODE: Final[tuple[MultiNode, ...]] = ("Auto", "Always", "Never")
+
+LWS_GROUP_KEY: Final = "leaderworkerset.sigs.k8s.io/group-key"
+"""Label LeaderWorkerSet puts on every pod of one group (a unique hash per group)."""
+LWS_SIZE: Final = "leaderworkerset.sigs.k8s.io/size"
+"""Annotation LeaderWorkerSet puts on its pods: pods per group; > 1 means a multi-pod group."""
+
+DEFAULT_CONTAINERS: Final = ("*",)
+DEFAULT_BACKENDS: Final[tuple[contract.Backend, ...]] = ("mnnvl", "trtllm")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    pod_selector: selectors.LabelSelector
+    namespace_selector: selectors.LabelSelector = selectors.EVERYTHING
+    containers: tuple[str, ...] = DEFAULT_CONTAINERS
+    backends: tuple[contract.Backend, ...] = DEFAULT_BACKENDS
+    fallback: contract.EnvValue = "auto"
+    placement: Placement = "Anywhere"
+    respect_explicit_env: bool = True
+    mode: Mode = "Enforce"
+    priority: int = 0
+    multi_node: MultiNode = "Auto"
+    group_key_label: str = LWS_GROUP_KEY
+    generation: int = 0
+
+    def matches(self, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
+        return self.namespace_selector.matches(namespace_labels) and self.pod_selector.matches(pod_labels)
+
+
+def _choice(spec: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = spec.get(key, default)
+    if value not in allowed:
+        raise PolicyError(f"spec.{key}: {value!r} is not one of {', '.join(allowed)}")
+    return str(value)
+
+
+def parse_policy(obj: Mapping[str, Any]) -> Policy:
+    """Build a Policy from a FiAllreducePolicy object (as a dict); raise PolicyError on a bad spec."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise PolicyError("metadata.name: a policy needs a name")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise PolicyError(f"{name}: spec is missing")
+    if "podSelector" not in spec:
+        raise PolicyError(f"{name}: spec.podSelector is required ({{}} selects every pod)")
+    containers = spec.get("containers", list(DEFAULT_CONTAINERS))
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, str) and c for c in containers):
+        raise PolicyError(f"{name}: spec.containers must be a non-empty list of container-name globs")
+    backends = spec.get("backends", list(DEFAULT_BACKENDS))
+    if not isinstance(backends, list) or not backends:
+        raise PolicyError(f"{name}: spec.backends must list at least one of {', '.join(contract.BACKENDS)}")
+    if any(b not in contract.BACKENDS for b in backends) or len(set(backends)) != len(backends):
+        raise PolicyError(f"{name}: spec.backends must be distinct values of {', '.join(contract.BACKENDS)}")
+    priority = spec.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise PolicyError(f"{name}: spec.priority must be an integer")
+    group_key = spec.get("groupKeyLabel", LWS_GROUP_KEY)
+    if not isinstance(group_key, str) or not group_key:
+        raise PolicyError(f"{name}: spec.groupKeyLabel must be a label key")
+    generation = meta.get("generation", 0)
+    return Policy(
+        name=name,
+        pod_selector=selectors.parse_label_selector(spec.get("podSelector"), f"{name}: spec.podSelector"),
+        namespace_selector=selectors.parse_label_selector(
+            spec.get("namespaceSelector"), f"{name}: spec.namespaceSelector"
+        ),
+        containers=tuple(containers),
+        backends=tuple(cast("list[contract.Backend]", backends)),
+        fallback=cast("contract.EnvValue", _choice(spec, "fallbackBackend", contract.ENV_VALUES, "auto")),
+        placement=cast("Placement", _choice(spec, "placement", PLACEMENTS, "Anywhere")),
+        respect_explicit_env=bool(spec.get("respectExplicitEnv", True)),
+        mode=cast("Mode", _choice(spec, "mode", MODES, "Enforce")),
+        priority=priority,
+        multi_node=cast("MultiNode", _choice(spec, "multiNode", MULTI_NODE, "Auto")),
+        group_key_label=group_key,
+        generation=generation if isinstance(generation, int) else 0,
+    )
+
+
+def select_policy(
+    policies: Iterable[Policy], namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]
+) -> Policy | None:
+    """The policy that manages a pod: among those that match, the highest priority; ties by name."""
+    best: Policy | None = None
+    for policy in policies:
+        if not policy.matches(namespace_labels, pod_labels):
+            continue
+        if best is None or (-policy.priority, policy.name) < (-best.priority, best.name):
+            best = policy
+    return best
+
+
+def covers_namespace(policies: Iterable[Policy], namespace_labels: Mapping[str, str]) -> bool:
+    """Whether any policy could manage a pod in a namespace with these labels."""
+    return any(p.namespace_selector.matches(namespace_labels) for p in policies)

@@ -1,0 +1,169 @@
+"""What the reconciler changes on running pods, and the status it writes on policies: pure functions.
+
+A bound, managed pod is re-annotated when
+- it was bound without a binding decision (the operator was unavailable): it gets the decision
+  now, which takes effect at its containers' next start;
+- its node's verdict changed so that its backend is no longer verified there (drift);
+- it belongs to a multi-pod group whose nodes no longer all verify mnnvl in one clique.
+A backend that is still verified is left alone even when a better one appeared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from fiar_operator import decide
+from fiar_operator.pods import PodRecord, group_plan
+from fiar_operator.policy import Policy
+
+MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique"})
+
+
+@dataclass(frozen=True)
+class Reannotation:
+    pod: PodRecord
+    decision: decide.Decision
+    event_type: str
+    event_reason: str
+    message: str
+
+
+def _missed(record: PodRecord) -> bool:
+    doc = record.decision
+    return doc is None or (doc.get("trigger") == "create" and doc.get("reason") == "Pending")
+
+
+def _group_consistent(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[str, str]]) -> bool:
+    cliques = set()
+    for member in members:
+        if member.node is None or not member.active:
+            continue
+        facts = decide.node_facts(member.node, nodes.get(member.node, {}))
+        if "mnnvl" not in facts.verified or facts.clique is None:
+            return False
+        cliques.add(facts.clique)
+    return len(cliques) <= 1
+
+
+def review_pod(
+    record: PodRecord,
+    policy: Policy,
+    nodes: Mapping[str, Mapping[str, str]],
+    members: Sequence[PodRecord] = (),
+    now: str | None = None,
+) -> Reannotation | None:
+    """The re-annotation a bound managed pod needs now, if any (``members``: its group's pods)."""
+    if record.node is None or not record.active or record.policy != policy.name:
+        return None
+    group = group_plan(record, policy)
+    labels = nodes.get(record.node)
+    fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
+    if group.multi and fresh.backend == "mnnvl" and not _group_consistent(members, nodes):
+        fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique")
+    current = record.backend
+    if _missed(record):
+        fresh = replace(fresh, previous=current)
+        missed = "bound while the binding webhook was unavailable"
+        if fresh.backend == current:
+            return Reannotation(record, fresh, "Normal", "DecidedAfterBinding",
+                                f"{missed}; {current} confirmed on node {record.node}")
+        return Reannotation(record, fresh, "Warning", "DecidedAfterBinding",
+                            f"{missed}: containers started with {current}; node {record.node} gives "
+                            f"{fresh.backend} ({fresh.reason}), effective at the next container start")
+    if fresh.backend == current:
+        return None
+    facts = decide.node_facts(record.node, labels) if labels is not None else None
+    still_verified = facts is not None and current in decide.verified_for(policy, facts) and not group.multi
+    if still_verified:
+        return None
+    verdict = facts.verdict if facts and facts.verdict else "unprobed"
+    return Reannotation(record, replace(fresh, previous=current), "Warning", "NodeVerdictChanged",
+                        f"node {record.node} verdict is now {verdict}: backend {current} -> {fresh.backend} "
+                        f"({fresh.reason}), effective at the next container start")
+
+
+def is_stale(record: PodRecord) -> bool:
+    """Whether a running container started before the pod's backend last changed."""
+    doc = record.decision
+    if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
+        return False
+    if doc.get("previous") == doc.get("backend"):
+        return False
+    decided = str(doc["time"])[:19]
+    return any(started[:19] < decided for started in record.container_starts.values())
+
+
+def multi_node_warning(record: PodRecord) -> str | None:
+    """The Warning event message for a group pod that got the fallback at binding, if it did."""
+    doc = record.decision
+    if not doc or doc.get("reason") not in MULTI_NODE_REASONS or doc.get("trigger") != "binding":
+        return None
+    if doc["reason"] == "MultiNodeNeedsMnnvl":
+        why = "the policy does not allow mnnvl and trtllm is invalid across pods"
+    else:
+        why = "not every node the group may use verifies mnnvl in one NVLink clique"
+    return f"multi-pod group {doc.get('group') or ''}: {why}; it runs with {doc.get('backend')}".replace("  ", " ")
+
+
+# -- policy status ---------------------------------------------------------------------------------
+def _condition(previous: Sequence[Mapping[str, Any]], kind: str, status: bool, reason: str, message: str,
+               generation: int, now: str) -> dict[str, Any]:
+    value = "True" if status else "False"
+    old = next((c for c in previous if c.get("type") == kind), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == value else None
+    return {"type": kind, "status": value, "reason": reason, "message": message,
+            "observedGeneration": generation, "lastTransitionTime": since or now}
+
+
+def policy_status(
+    policy: Policy,
+    nodes: Mapping[str, Mapping[str, str]],
+    pods: Iterable[PodRecord],
+    previous: Mapping[str, Any] | None,
+    now: str,
+) -> dict[str, Any]:
+    """The status subresource of a policy from the indexes."""
+    counts = {"mnnvl": 0, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 0}
+    for name, labels in nodes.items():
+        facts = decide.node_facts(name, labels)
+        counts[facts.verdict or "unprobed"] += 1
+        if decide.verified_for(policy, facts):
+            counts["verified"] += 1
+    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0}
+    for pod in pods:
+        if not pod.active or pod.policy != policy.name:
+            continue
+        if pod.node is None:
+            outcome["pending"] += 1
+            continue
+        reason = (pod.decision or {}).get("reason")
+        outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
+        if is_stale(pod):
+            outcome["stale"] += 1
+    old_conditions = list((previous or {}).get("conditions") or [])
+    managed = outcome["decided"] + outcome["fallback"] + outcome["pending"]
+    allowed = ", ".join(policy.backends)
+    conditions = [
+        _condition(old_conditions, "Ready", True, "Active",
+                   f"{managed} pods managed; {counts['verified']} nodes verify one of: {allowed}",
+                   policy.generation, now),
+        _condition(old_conditions, "NoVerifiedNodes", counts["verified"] == 0,
+                   "NoVerifiedNodes" if counts["verified"] == 0 else "VerifiedNodesPresent",
+                   f"no node verifies any of: {allowed}; pods get {policy.fallback}" if counts["verified"] == 0
+                   else f"{counts['verified']} nodes verify one of: {allowed}",
+                   policy.generation, now),
+    ]
+    return {"observedGeneration": policy.generation, "nodes": counts, "pods": outcome, "conditions": conditions}
+
+
+def invalid_status(generation: int, error: str, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    old = list((previous or {}).get("conditions") or [])
+    return {"observedGeneration": generation,
+            "conditions": [_condition(old, "Ready", False, "InvalidSpec", error, generation, now)]}
+
+
+def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
+    """Whether writing ``b`` over ``a`` would change nothing."""
+    return a is not None and all(a.get(k) == v for k, v in b.items())

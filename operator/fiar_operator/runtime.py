@@ -1,0 +1,190 @@
+"""One running operator: indexes, informers, the webhook server, and the reconciler's actions.
+
+The webhooks and informers run on every replica. The reconciler's actions (re-annotating pods,
+events, policy status) are called from kopf handlers, which run on the active peer only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fiar_contract as contract
+from fiar_operator import informers, reconcile
+from fiar_operator.admission import Admission, utc_now
+from fiar_operator.errors import ApiError
+from fiar_operator.kube import Kube, api_client
+from fiar_operator.metrics import Metrics
+from fiar_operator.pods import PodRecord
+from fiar_operator.server import Server
+from fiar_operator.settings import Settings
+from fiar_operator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event the caller posts (kopf does, in handlers)."""
+
+    target: Mapping[str, Any]
+    type: str
+    reason: str
+    message: str
+
+
+def pod_ref(record: PodRecord) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": record.name, "namespace": record.namespace, "uid": record.uid}}
+
+
+class StatusWriter:
+    """Writes policy statuses for the policies marked since the last pass (batched, only on change)."""
+
+    def __init__(self, store: Store, kube: Kube, interval: float, clock: Callable[[], str] = utc_now) -> None:
+        self.store, self.kube, self.interval, self.clock = store, kube, interval, clock
+        self._marked: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="status-writer", daemon=True)
+
+    def mark(self, name: str | None = None) -> None:
+        with self._lock:
+            if name is None:
+                self._marked.update(self.store.policy_objects)
+            else:
+                self._marked.add(name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                names, self._marked = self._marked, set()
+            for name in sorted(names):
+                try:
+                    self.write(name)
+                except ApiError as exc:
+                    log.warning("status of policy %s not written: %s", name, exc)
+                    if exc.status != 404:
+                        self.mark(name)
+
+    def write(self, name: str) -> bool:
+        """Write one policy's status if it changed; whether it was written."""
+        obj = self.store.policy_objects.get(name)
+        if obj is None:
+            return False
+        previous = obj.get("status")
+        policy = self.store.policies.get(name)
+        now = self.clock()
+        if policy is not None:
+            status = reconcile.policy_status(policy, dict(self.store.nodes), self.store.pods_of_policy(name),
+                                             previous, now)
+        else:
+            generation = int((obj.get("metadata") or {}).get("generation") or 0)
+            status = reconcile.invalid_status(generation, self.store.policy_errors.get(name, "invalid spec"),
+                                              previous, now)
+        if reconcile.same_status(previous, status):
+            return False
+        self.store.put_policy(self.kube.patch_policy_status(name, status))
+        return True
+
+
+class Runtime:
+    def __init__(self, settings: Settings, kube: Kube | None = None) -> None:
+        self.settings = settings
+        self.kube = kube if kube is not None else Kube(api_client(settings.kubeconfig))
+        self.store = Store()
+        self.metrics = Metrics(self.store.sizes)
+        self.admission = Admission(self.store, self.metrics)
+        self.server = Server(self.admission, self.metrics, settings, self.kube, lambda: self.store.synced)
+        self.status = StatusWriter(self.store, self.kube, settings.status_interval)
+        self._stop = threading.Event()
+        self._warned: set[str] = set()
+
+    def start(self) -> None:
+        self.server.start()
+        informers.start_all(self.kube, self.store, self._stop)
+        self.status.start()
+        log.info("webhooks on port %s, metrics on port %s", self.server.port, self.server.metrics_port)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.status.stop()
+        self.server.stop()
+
+    # -- reconciliation (active peer only) -------------------------------------------------------
+    def _reannotate(self, record: PodRecord) -> list[Event]:
+        policy = self.store.policies.get(record.policy or "")
+        if policy is None:
+            return []
+        members: list[PodRecord] = []
+        key = record.labels.get(policy.group_key_label)
+        if key:
+            members = self.store.group_members(record.namespace, policy.name, policy.group_key_label, key)
+        action = reconcile.review_pod(record, policy, self.store.nodes, members, utc_now())
+        events: list[Event] = []
+        if action is not None:
+            try:
+                patched = self.kube.annotate_pod(record.namespace, record.name, record.uid, {
+                    contract.ANNOTATION_POD_BACKEND: action.decision.backend,
+                    contract.ANNOTATION_POD_DECISION: action.decision.to_json(),
+                })
+            except ApiError as exc:
+                log.warning("pod %s/%s not re-annotated: %s", record.namespace, record.name, exc)
+                return []
+            record = self.store.put_pod(patched)
+            self.metrics.reconciled.labels(action.event_reason).inc()
+            self.metrics.decision(action.decision)
+            events.append(Event(pod_ref(record), action.event_type, action.event_reason, action.message))
+        warning = reconcile.multi_node_warning(record)
+        if warning and record.uid not in self._warned:
+            self._warned.add(record.uid)
+            events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
+        return events
+
+    def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        meta = body.get("metadata") or {}
+        if deleted:
+            self.store.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid") or ""))
+            self._warned.discard(str(meta.get("uid") or ""))
+            if (meta.get("labels") or {}).get(contract.LABEL_POD_POLICY):
+                self.status.mark(str(meta["labels"][contract.LABEL_POD_POLICY]))
+            return []
+        record = self.store.put_pod(body)
+        if not record.managed:
+            return []
+        self.status.mark(record.policy)
+        return self._reannotate(record)
+
+    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if deleted:
+            self.store.delete_node(name)
+            self.status.mark()
+            return []
+        self.store.put_node(body)
+        self.status.mark()
+        events: list[Event] = []
+        for record in self.store.pods_on_node(name):
+            events += self._reannotate(record)
+        return events
+
+    def on_policy(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if deleted:
+            self.store.delete_policy(name)
+            return []
+        self.store.put_policy(body)
+        self.status.mark(name)
+        events: list[Event] = []
+        for record in self.store.pods_of_policy(name):
+            events += self._reannotate(record)
+        return events

@@ -1,0 +1,48 @@
+"""Settings of a running operator (from the command line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fiar_operator.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Settings:
+    kubeconfig: str | None = None
+    """Path of a kubeconfig; None: in-cluster credentials, else the default kubeconfig."""
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = 9443
+    """HTTPS port of the admission webhooks (the chart's Service targets it)."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    """Serving certificate and key (PEM files, e.g. a cert-manager Secret); re-read when they change."""
+    tls_reload_interval: float = 60.0
+    """Seconds between checks of the certificate files for rotation."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 8080
+    """Plain-HTTP port for /metrics, /healthz and /readyz (0: any free port; None: not served)."""
+    read_timeout: float = 0.3
+    """Seconds the binding webhook waits for its last-resort read of a pod it has never seen."""
+    status_interval: float = 0.5
+    """Seconds between writes of policy statuses (changes are batched)."""
+    standalone: bool = False
+    """Run without kopf peering (a single replica)."""
+    peering: str = "fiar"
+    priority: int = 0
+    """kopf peering: among replicas, the highest priority reconciles; the others only serve webhooks."""
+    liveness: str | None = None
+    """kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz."""
+
+    def check(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigurationError("--tls-cert and --tls-key go together")
+        for path in (self.tls_cert, self.tls_key):
+            if path is not None and not Path(path).is_file():
+                raise ConfigurationError(f"TLS file {path} does not exist (mount the webhook certificate Secret)")
+        for port in (self.webhook_port, self.metrics_port):
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigurationError(f"port {port} is out of range")
+        if self.read_timeout <= 0 or self.read_timeout > 5:
+            raise ConfigurationError("--read-timeout must be in (0, 5] seconds (the binding webhook times out at 2)")

@@ -1,0 +1,211 @@
+"""The operator's in-memory indexes: nodes, namespaces, policies, pods, and the admission memo.
+
+Informer threads and kopf handlers write; the webhooks only read. Writers hold one lock; readers
+take single dict lookups (atomic in CPython) or copies made under the lock, so a webhook never
+waits on a writer for long and never calls the API server for an object the indexes know.
+
+Objects can arrive from several sources (a watch, kopf's own watch, a bounded read); an update
+whose resourceVersion is older than the stored one is ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fiar_operator import policy as policies
+from fiar_operator.errors import PolicyError
+from fiar_operator.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
+
+MEMO_LIMIT: Final = 50_000
+"""Admission-memo entries kept at most (oldest dropped first)."""
+MEMO_TTL: Final = 15 * 60.0
+"""Seconds an admission-memo entry is trusted; by then the pod watch has long seen the pod."""
+
+
+def _newer(new: str, old: str) -> bool:
+    """Whether resourceVersion ``new`` is not older than ``old`` (opaque strings; integers in practice)."""
+    if not old or not new:
+        return True
+    try:
+        return int(new) >= int(old)
+    except ValueError:
+        return True
+
+
+@dataclass(frozen=True)
+class MemoEntry:
+    record: PodRecord
+    expires: float
+
+
+class Store:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.RLock()
+        self._clock = clock
+        self.nodes: dict[str, dict[str, str]] = {}
+        self._node_versions: dict[str, str] = {}
+        self.namespaces: dict[str, dict[str, str]] = {}
+        self.policies: dict[str, policies.Policy] = {}
+        self.policy_objects: dict[str, Mapping[str, Any]] = {}
+        self.policy_errors: dict[str, str] = {}
+        self.pods: dict[tuple[str, str], PodRecord] = {}
+        self.by_node: dict[str, set[tuple[str, str]]] = {}
+        self.by_policy: dict[str, set[tuple[str, str]]] = {}
+        self._memo: OrderedDict[tuple[str, str, bool], MemoEntry] = OrderedDict()
+        self.synced: dict[str, bool] = {}
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def put_node(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        if not name:
+            return
+        with self._lock:
+            if not _newer(version, self._node_versions.get(name, "")):
+                return
+            self.nodes[name] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            self._node_versions[name] = version
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            self.nodes.pop(name, None)
+            self._node_versions.pop(name, None)
+
+    # -- namespaces ------------------------------------------------------------------------------
+    def put_namespace(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("name"):
+            self.namespaces[str(meta["name"])] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+
+    def delete_namespace(self, name: str) -> None:
+        self.namespaces.pop(name, None)
+
+    # -- policies --------------------------------------------------------------------------------
+    def put_policy(self, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if not name:
+            return
+        with self._lock:
+            self.policy_objects[name] = obj
+            try:
+                self.policies[name] = policies.parse_policy(obj)
+                self.policy_errors.pop(name, None)
+            except PolicyError as exc:
+                self.policies.pop(name, None)
+                self.policy_errors[name] = str(exc)
+
+    def delete_policy(self, name: str) -> None:
+        with self._lock:
+            self.policies.pop(name, None)
+            self.policy_objects.pop(name, None)
+            self.policy_errors.pop(name, None)
+
+    # -- pods ------------------------------------------------------------------------------------
+    def put_pod(self, obj: Mapping[str, Any]) -> PodRecord:
+        record = pod_record(obj)
+        with self._lock:
+            old = self.pods.get(record.key)
+            if old is not None and old.uid == record.uid and not _newer(record.resource_version, old.resource_version):
+                return old
+            if old is not None:
+                self._unindex(old)
+            self.pods[record.key] = record
+            if record.policy:
+                self.by_policy.setdefault(record.policy, set()).add(record.key)
+                if record.node:
+                    self.by_node.setdefault(record.node, set()).add(record.key)
+        return record
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        with self._lock:
+            old = self.pods.get((namespace, name))
+            if old is None or (uid and old.uid and old.uid != uid):
+                return
+            del self.pods[(namespace, name)]
+            self._unindex(old)
+
+    def _unindex(self, record: PodRecord) -> None:
+        for index, key in ((self.by_policy, record.policy), (self.by_node, record.node)):
+            if key and key in index:
+                index[key].discard(record.key)
+                if not index[key]:
+                    del index[key]
+
+    def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
+        """Replace every object of a kind after a (re-)list, then mark the kind synced."""
+        with self._lock:
+            if kind == "nodes":
+                self.nodes.clear()
+                self._node_versions.clear()
+                for obj in objects:
+                    self.put_node(obj)
+            elif kind == "namespaces":
+                self.namespaces.clear()
+                for obj in objects:
+                    self.put_namespace(obj)
+            elif kind == "policies":
+                for name in list(self.policy_objects):
+                    self.delete_policy(name)
+                for obj in objects:
+                    self.put_policy(obj)
+            elif kind == "pods":
+                self.pods.clear()
+                self.by_node.clear()
+                self.by_policy.clear()
+                for obj in objects:
+                    self.put_pod(obj)
+            self.synced[kind] = True
+
+    def pods_on_node(self, node: str) -> list[PodRecord]:
+        with self._lock:
+            return [self.pods[k] for k in self.by_node.get(node, ()) if k in self.pods]
+
+    def pods_of_policy(self, name: str) -> list[PodRecord]:
+        with self._lock:
+            return [self.pods[k] for k in self.by_policy.get(name, ()) if k in self.pods]
+
+    def group_members(self, namespace: str, policy: str, label: str, key: str) -> list[PodRecord]:
+        return [p for p in self.pods_of_policy(policy) if p.namespace == namespace and p.labels.get(label) == key]
+
+    # -- admission memo --------------------------------------------------------------------------
+    def remember(self, record: PodRecord) -> None:
+        """Remember a pod admitted at CREATE (by name, or by generateName for generated names)."""
+        if record.name:
+            key = (record.namespace, record.name, False)
+        elif record.generate_name:
+            key = (record.namespace, record.generate_name[:GENERATED_BASE_MAX], True)
+        else:
+            return
+        with self._lock:
+            self._memo.pop(key, None)
+            self._memo[key] = MemoEntry(record, self._clock() + MEMO_TTL)
+            while len(self._memo) > MEMO_LIMIT:
+                self._memo.popitem(last=False)
+
+    def recall(self, namespace: str, name: str) -> PodRecord | None:
+        """The admission-memo entry for a bound pod's name, exact or by its generateName prefix."""
+        now = self._clock()
+        keys = [(namespace, name, False)]
+        base = generated_base(name)
+        if base:
+            keys.append((namespace, base, True))
+        for key in keys:
+            entry = self._memo.get(key)
+            if entry is not None and entry.expires > now:
+                return entry.record
+        return None
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "nodes": len(self.nodes),
+            "namespaces": len(self.namespaces),
+            "policies": len(self.policies),
+            "pods": len(self.pods),
+            "managed_pods": sum(len(v) for v in self.by_policy.values()),
+            "admission_memo": len(self._memo),
+        }

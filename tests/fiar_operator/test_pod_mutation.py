@@ -1,0 +1,166 @@
+"""The pod CREATE mutation: env injection, explicit env, Audit, placement, groups, reinvocation."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from fiar_operator import patches
+from fiar_operator.mutation import FIELD_PATH, plan_pod_create
+from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+
+BACKEND_KEY = contract.ANNOTATION_POD_BACKEND
+
+
+def policy(**spec: Any) -> Policy:
+    return parse_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, **spec}})
+
+
+def pod(*containers: dict[str, Any], labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+        **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"generateName": "vllm-", "namespace": "ml"}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}], **spec}}
+
+
+def mutated(source: dict[str, Any], chosen: Policy, nodes: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    plan = plan_pod_create(source, chosen, nodes or {})
+    result: dict[str, Any] = patches.apply(copy.deepcopy(source), plan.ops)
+    assert result == plan.pod
+    return result
+
+
+def env_of(obj: dict[str, Any], index: int = 0) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = obj["spec"]["containers"][index].get("env") or []
+    return env
+
+
+def test_selected_container_reads_backend_from_annotation_set_to_fallback() -> None:
+    out = mutated(pod(), policy(fallbackBackend="trtllm"))
+    assert out["metadata"]["labels"][contract.LABEL_POD_POLICY] == "vllm"
+    assert out["metadata"]["annotations"][BACKEND_KEY] == "trtllm"
+    assert json.loads(out["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])["reason"] == "Pending"
+    (entry,) = env_of(out)
+    assert entry["name"] == contract.ENV_VAR
+    assert entry["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH == "metadata.annotations['fiar.io/backend']"
+
+
+def test_existing_env_is_kept_and_the_variable_appended() -> None:
+    out = mutated(pod({"name": "vllm", "env": [{"name": "HF_HOME", "value": "/cache"}]}), policy())
+    assert [e["name"] for e in env_of(out)] == ["HF_HOME", contract.ENV_VAR]
+
+
+def test_reinvocation_adds_nothing() -> None:
+    once = mutated(pod({"name": "vllm", "env": [{"name": "A", "value": "1"}]}, labels={"app": "x"}), policy())
+    again = plan_pod_create(once, policy(), {})
+    assert again.ops == [] and again.managed
+    assert [e["name"] for e in env_of(once)].count(contract.ENV_VAR) == 1
+
+
+@pytest.mark.parametrize("explicit", [
+    {"name": contract.ENV_VAR, "value": "trtllm"},
+    {"name": contract.ENV_VAR, "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "backend"}}},
+], ids=["value", "valueFrom"])
+def test_container_that_sets_the_variable_is_left_alone(explicit: dict[str, Any]) -> None:
+    source = pod({"name": "vllm", "env": [explicit]}, {"name": "vllm-worker"})
+    plan = plan_pod_create(source, policy(), {})
+    out = patches.apply(copy.deepcopy(source), plan.ops)
+    assert env_of(out, 0) == [explicit]
+    assert env_of(out, 1)[0]["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH
+    assert any("left alone" in w for w in plan.warnings)
+
+
+def test_pod_whose_only_container_sets_the_variable_is_not_managed() -> None:
+    source = pod({"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "mnnvl"}]})
+    plan = plan_pod_create(source, policy(), {})
+    assert not plan.managed and plan.ops == []
+    assert any("selects none of its containers" in w for w in plan.warnings)
+
+
+def test_explicit_env_is_replaced_when_not_respected_and_duplicates_removed() -> None:
+    source = pod({"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "mnnvl"}, {"name": "X", "value": "1"},
+                                          {"name": contract.ENV_VAR, "value": "trtllm"}]})
+    out = mutated(source, policy(respectExplicitEnv=False))
+    assert [e["name"] for e in env_of(out)] == [contract.ENV_VAR, "X"]
+    assert env_of(out)[0]["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH
+
+
+def test_container_globs_select_containers() -> None:
+    source = pod({"name": "vllm-leader"}, {"name": "istio-proxy"}, {"name": "main"})
+    out = mutated(source, policy(containers=["vllm-*", "main"]))
+    assert [bool(env_of(out, i)) for i in range(3)] == [True, False, True]
+
+
+def test_audit_records_the_decision_and_changes_no_env_or_placement() -> None:
+    source = pod({"name": "vllm", "env": [{"name": "A", "value": "1"}]})
+    out = mutated(source, policy(mode="Audit", placement="VerifiedNodesOnly"))
+    assert env_of(out) == [{"name": "A", "value": "1"}]
+    assert "affinity" not in out["spec"]
+    assert out["metadata"]["labels"][contract.LABEL_POD_POLICY] == "vllm"
+    assert out["metadata"]["annotations"][BACKEND_KEY] == "auto"
+
+
+def test_pod_created_with_node_name_is_decided_at_once() -> None:
+    nodes = {"gpu-7": {contract.LABEL_BACKEND: "trtllm"}}
+    out = mutated(pod(nodeName="gpu-7"), policy(), nodes)
+    assert out["metadata"]["annotations"][BACKEND_KEY] == "trtllm"
+    decision = json.loads(out["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
+    assert decision == {"backend": "trtllm", "node": "gpu-7", "nodeVerdict": "trtllm", "policy": "vllm",
+                        "reason": "Verified", "trigger": "create"}
+
+
+def test_verified_nodes_only_adds_the_requirement_to_every_existing_term() -> None:
+    terms = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+    source = pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}, "podAntiAffinity": {"x": 1}})
+    out = mutated(source, policy(placement="VerifiedNodesOnly", backends=["trtllm"]))
+    merged = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    wanted = {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["trtllm"]}
+    assert [t["matchExpressions"][-1] for t in merged["nodeSelectorTerms"]] == [wanted, wanted]
+    assert merged["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "zone"
+    assert merged["nodeSelectorTerms"][1]["matchFields"] == terms[1]["matchFields"]
+    assert out["spec"]["affinity"]["podAntiAffinity"] == {"x": 1}
+    assert plan_pod_create(out, policy(placement="VerifiedNodesOnly", backends=["trtllm"]), {}).ops == []
+
+
+def test_verified_nodes_only_without_affinity_creates_one_term() -> None:
+    out = mutated(pod(), policy(placement="VerifiedNodesOnly"))
+    terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": contract.LABEL_BACKEND, "operator": "In",
+                                            "values": ["mnnvl", "trtllm"]}]}]
+
+
+def lws_pod(key: str = "g-1") -> dict[str, Any]:
+    return pod(labels={LWS_GROUP_KEY: key}, annotations={LWS_SIZE: "2"})
+
+
+def test_multi_pod_group_is_pinned_to_mnnvl_nodes_of_one_clique() -> None:
+    out = mutated(lws_pod(), policy(placement="VerifiedNodesOnly"))
+    affinity = out["spec"]["affinity"]
+    (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["mnnvl"]} in term["matchExpressions"]
+    assert {"key": contract.LABEL_CLIQUE, "operator": "Exists"} in term["matchExpressions"]
+    assert affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: "g-1"}}, "topologyKey": contract.LABEL_CLIQUE}]
+
+
+def test_multi_pod_group_without_mnnvl_allowed_is_warned() -> None:
+    plan = plan_pod_create(lws_pod(), policy(backends=["trtllm"]), {})
+    assert plan.managed and any("trtllm is invalid across pods" in w for w in plan.warnings)
+
+
+def test_non_pod_or_missing_fields_do_not_crash() -> None:
+    plan = plan_pod_create({"metadata": {}}, policy(), {})
+    assert not plan.managed
+    plan = plan_pod_create({"spec": {"containers": ["not-a-dict", {"name": "vllm"}]}}, policy(), {})
+    assert plan.managed

@@ -1,0 +1,147 @@
+"""Drift, late decisions, staleness and policy status, computed from indexes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fiar_contract as contract
+from fiar_operator.decide import Decision
+from fiar_operator.pods import PodRecord, pod_record
+from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.reconcile import is_stale, multi_node_warning, policy_status, review_pod
+
+NOW = "2026-05-01T12:00:00Z"
+
+
+def policy(**spec: Any) -> Policy:
+    return parse_policy({"metadata": {"name": "vllm", "generation": 2}, "spec": {"podSelector": {}, **spec}})
+
+
+def verdict(value: str, **extra: str) -> dict[str, str]:
+    return {contract.LABEL_BACKEND: value, **extra}
+
+
+def bound(node: str, backend: str, decision: Decision | dict[str, Any] | None, started: str = "2026-05-01T11:00:00Z",
+          labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+          name: str = "p-1") -> PodRecord:
+    notes = {contract.ANNOTATION_POD_BACKEND: backend, **(annotations or {})}
+    if isinstance(decision, Decision):
+        notes[contract.ANNOTATION_POD_DECISION] = decision.to_json()
+    elif decision is not None:
+        notes[contract.ANNOTATION_POD_DECISION] = json.dumps(decision)
+    return pod_record({
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "annotations": notes,
+                     "labels": {contract.LABEL_POD_POLICY: "vllm", **(labels or {})}},
+        "spec": {"nodeName": node, "containers": [{"name": "vllm"}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "vllm", "state": {"running": {"startedAt": started}}}]},
+    })
+
+
+def at_binding(node: str, backend: str, node_verdict: str, reason: str = "Verified") -> dict[str, Any]:
+    return {"backend": backend, "node": node, "nodeVerdict": node_verdict, "policy": "vllm", "reason": reason,
+            "trigger": "binding", "time": "2026-05-01T10:59:59Z"}
+
+
+def test_pod_whose_backend_is_no_longer_verified_is_reannotated() -> None:
+    pod = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"))
+    action = review_pod(pod, policy(), {"a": verdict("trtllm")}, now=NOW)
+    assert action is not None and action.event_type == "Warning" and action.event_reason == "NodeVerdictChanged"
+    assert (action.decision.backend, action.decision.previous, action.decision.trigger) == ("trtllm", "mnnvl",
+                                                                                            "reconcile")
+    assert "next container start" in action.message
+
+
+def test_pod_on_a_node_that_lost_every_backend_gets_the_fallback() -> None:
+    pod = bound("a", "trtllm", at_binding("a", "trtllm", "trtllm"))
+    action = review_pod(pod, policy(fallbackBackend="trtllm"), {"a": verdict("none")}, now=NOW)
+    assert action is None  # the fallback equals the current value: nothing to change
+    action = review_pod(pod, policy(), {"a": verdict("none")}, now=NOW)
+    assert action is not None and action.decision.backend == "auto"
+
+
+def test_still_verified_backend_is_left_alone_when_a_better_one_appears() -> None:
+    pod = bound("a", "trtllm", at_binding("a", "trtllm", "trtllm"))
+    assert review_pod(pod, policy(), {"a": verdict("mnnvl", **{contract.LABEL_TRTLLM: "pass"})}, now=NOW) is None
+
+
+def test_fallback_pod_is_upgraded_once_its_node_is_verified() -> None:
+    pod = bound("a", "auto", at_binding("a", "auto", "", reason="NotProbed"))
+    action = review_pod(pod, policy(), {"a": verdict("trtllm")}, now=NOW)
+    assert action is not None and action.decision.backend == "trtllm"
+
+
+def test_pod_bound_while_the_operator_was_down_is_decided_and_reported() -> None:
+    pending = {"backend": "auto", "policy": "vllm", "reason": "Pending", "trigger": "create", "node": None,
+               "nodeVerdict": None}
+    pod = bound("a", "auto", pending)
+    action = review_pod(pod, policy(), {"a": verdict("mnnvl")}, now=NOW)
+    assert action is not None and action.event_reason == "DecidedAfterBinding" and action.event_type == "Warning"
+    assert action.decision.backend == "mnnvl" and action.decision.previous == "auto"
+    confirm = review_pod(pod, policy(), {"a": verdict("none")}, now=NOW)
+    assert confirm is not None and confirm.event_type == "Normal" and confirm.decision.backend == "auto"
+
+
+def test_pending_and_finished_pods_are_not_touched() -> None:
+    unbound = pod_record({"metadata": {"name": "x", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}},
+                          "spec": {}})
+    assert review_pod(unbound, policy(), {}, now=NOW) is None
+    done = pod_record({"metadata": {"name": "y", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}},
+                       "spec": {"nodeName": "a"}, "status": {"phase": "Succeeded"}})
+    assert review_pod(done, policy(), {"a": verdict("none")}, now=NOW) is None
+
+
+def test_group_members_fall_back_together_when_one_node_loses_mnnvl() -> None:
+    group = {LWS_GROUP_KEY: "g"}
+    size = {LWS_SIZE: "2"}
+    nodes = {"a": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.1"}),
+             "b": verdict("trtllm", **{contract.LABEL_CLIQUE: "c.1"})}
+    a = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"), labels=group, annotations=size, name="a")
+    b = bound("b", "mnnvl", at_binding("b", "mnnvl", "mnnvl"), labels=group, annotations=size, name="b")
+    action = review_pod(a, policy(), nodes, members=[a, b], now=NOW)
+    assert action is not None and action.decision.backend == "auto"
+    assert action.decision.reason == "MultiNodeNoSharedClique"
+
+
+def test_stale_means_containers_started_before_the_backend_changed() -> None:
+    changed = {"backend": "trtllm", "previous": "mnnvl", "trigger": "reconcile", "time": "2026-05-01T11:30:00Z",
+               "reason": "Verified", "policy": "vllm", "node": "a", "nodeVerdict": "trtllm"}
+    assert is_stale(bound("a", "trtllm", changed, started="2026-05-01T11:00:00Z"))
+    assert not is_stale(bound("a", "trtllm", changed, started="2026-05-01T11:45:00Z"))
+    assert not is_stale(bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl")))
+
+
+def test_multi_node_fallback_at_binding_gets_a_warning_message() -> None:
+    doc = {**at_binding("a", "auto", "trtllm", reason="MultiNodeNeedsMnnvl"), "group": "g"}
+    message = multi_node_warning(bound("a", "auto", doc))
+    assert message is not None and "trtllm is invalid across pods" in message
+    assert multi_node_warning(bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"))) is None
+
+
+def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
+    nodes = {"m": verdict("mnnvl"), "t": verdict("trtllm"), "n": verdict("none"), "cpu": {}}
+    stale = {"backend": "trtllm", "previous": "mnnvl", "trigger": "reconcile", "time": "2026-05-01T11:30:00Z",
+             "reason": "Verified", "policy": "vllm"}
+    pods = [bound("m", "mnnvl", at_binding("m", "mnnvl", "mnnvl"), name="1"),
+            bound("n", "auto", at_binding("n", "auto", "none", reason="NotVerified"), name="2"),
+            bound("t", "trtllm", stale, name="3"),
+            pod_record({"metadata": {"name": "4", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}}})]
+    status = policy_status(policy(), nodes, pods, None, NOW)
+    assert status["nodes"] == {"mnnvl": 1, "trtllm": 1, "none": 1, "unprobed": 1, "verified": 2}
+    assert status["pods"] == {"decided": 2, "fallback": 1, "pending": 1, "stale": 1}
+    assert status["observedGeneration"] == 2
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["NoVerifiedNodes"]["status"] == "False"
+
+
+def test_no_verified_nodes_condition_and_transition_times() -> None:
+    first = policy_status(policy(backends=["mnnvl"]), {"t": verdict("trtllm")}, [], None, NOW)
+    cond = {c["type"]: c for c in first["conditions"]}["NoVerifiedNodes"]
+    assert cond["status"] == "True" and cond["reason"] == "NoVerifiedNodes" and cond["lastTransitionTime"] == NOW
+    later = policy_status(policy(backends=["mnnvl"]), {"t": verdict("trtllm")}, [], first, "2026-05-02T00:00:00Z")
+    assert later == first
+    flipped = policy_status(policy(backends=["mnnvl"]), {"t": verdict("mnnvl")}, [], first, "2026-05-03T00:00:00Z")
+    cond = {c["type"]: c for c in flipped["conditions"]}["NoVerifiedNodes"]
+    assert cond["status"] == "False" and cond["lastTransitionTime"] == "2026-05-03T00:00:00Z"
