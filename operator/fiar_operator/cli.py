@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -90,8 +89,6 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     settings.check()
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
     kopf.configure(verbose=args.verbose)
     runtime = Runtime(settings)
     registered: str | None = None

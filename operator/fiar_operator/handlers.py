@@ -26,6 +26,19 @@ def _runtime(memo: kopf.Memo) -> Runtime:
     return runtime
 
 
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf uses the same credentials as the operator's own client (--kubeconfig or in-cluster)."""
+    cfg = _runtime(memo).kube.api.configuration
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+    scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        scheme=scheme or None, token=token or None,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+    )
+
+
 @kopf.on.startup()
 def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING

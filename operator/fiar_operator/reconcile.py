@@ -85,14 +85,16 @@ def review_pod(
 
 
 def is_stale(record: PodRecord) -> bool:
-    """Whether a running container started before the pod's backend last changed."""
+    """Whether a running container started before the pod's backend last changed (it runs the old value)."""
     doc = record.decision
     if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
         return False
     if doc.get("previous") == doc.get("backend"):
         return False
+    # Both times have one-second resolution; a start in the same second as the change counts as
+    # before it, so a pod is never reported current while it may still run the old value.
     decided = str(doc["time"])[:19]
-    return any(started[:19] < decided for started in record.container_starts.values())
+    return any(started[:19] <= decided for started in record.container_starts.values())
 
 
 def multi_node_warning(record: PodRecord) -> str | None:

@@ -1,0 +1,55 @@
+"""Multi-pod groups (LeaderWorkerSet size > 1): mnnvl only within one NVLink clique, never trtllm."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE
+
+pytestmark = pytest.mark.controlplane
+
+
+def lws_pod(kit: Any, namespace: str, name: str, group: str) -> dict[str, Any]:
+    created: dict[str, Any] = kit.pod(namespace, name, labels={"app": "vllm", LWS_GROUP_KEY: group},
+                                      annotations={LWS_SIZE: "2"})
+    return created
+
+
+def test_group_is_kept_in_one_clique_and_gets_mnnvl(kit: Any, namespace: str) -> None:
+    clique_a, clique_b = f"uuid-{kit.unique}.1", f"uuid-{kit.unique}.2"
+    kit.node(f"a1-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique_a})
+    kit.node(f"b1-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique_b})
+    kit.node(f"b2-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique_b})
+    kit.node(f"t1-{kit.unique}", "trtllm", **{contract.LABEL_CLIQUE: clique_a})
+    kit.policy(f"group-{kit.unique}", namespace, placement="VerifiedNodesOnly")
+    created = lws_pod(kit, namespace, "lws-0", "g1")
+    assert created["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+        "topologyKey"] == contract.LABEL_CLIQUE
+    lws_pod(kit, namespace, "lws-0-1", "g1")
+    pods = kit.running(namespace, 2)
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    cliques = {clique_a if n.startswith("a1-") else clique_b for n in nodes}
+    assert len(cliques) == 1 and not any(n.startswith("t1-") for n in nodes)
+    for pod in pods:
+        decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
+        assert (decision["backend"], decision["reason"], decision["group"]) == ("mnnvl", "Verified", "g1")
+
+
+def test_group_gets_the_fallback_and_a_warning_when_mnnvl_is_not_allowed(kit: Any, namespace: str) -> None:
+    kit.node(f"t-{kit.unique}", "trtllm")
+    kit.policy(f"trtllm-only-{kit.unique}", namespace, backends=["trtllm"], fallbackBackend="auto")
+    lws_pod(kit, namespace, "lws-0", "g2")
+    (pod,) = kit.running(namespace, 1)
+    notes = pod["metadata"]["annotations"]
+    assert notes[contract.ANNOTATION_POD_BACKEND] == "auto"
+    assert json.loads(notes[contract.ANNOTATION_POD_DECISION])["reason"] == "MultiNodeNeedsMnnvl"
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in kit.events(namespace, "lws-0") if e["reason"] == "MultiNodeFallback"]
+
+    (event,) = kit.wait(warned, 30, "MultiNodeFallback event")
+    assert event["type"] == "Warning" and "trtllm is invalid across pods" in event["message"]
