@@ -10,7 +10,7 @@
 #   4. probe with --require-prebuilt and the NCCL benchmark -> probe-warm.json
 #   5. fiar-agent run against an unreachable API server (it backs off and keeps the verdict
 #      pending): the resident process's RSS and whether torch/FlashInfer are mapped in it,
-#      then SIGTERM and its exit code -> daemon.txt
+#      then SIGTERM and its exit code -> rss.txt (its log: daemon.log)
 # Everything else goes to run.log and env.txt.
 #
 # NVLink multicast stays forbidden in every process of this script: the host policy the agent
@@ -72,26 +72,28 @@ contexts: [{name: none, context: {cluster: none, user: none}}]
 current-context: none
 EOF
 NODE_NAME=gpu-node "$PY" -m node_agent run --kubeconfig /tmp/unreachable-kubeconfig --metrics-addr 127.0.0.1:9400 \
-  --no-benchmark --require-prebuilt --timeout 150 --api-backoff-max 5 >"$OUT/daemon.txt" 2>&1 &
+  --no-benchmark --require-prebuilt --timeout 150 --api-backoff-max 5 >"$OUT/daemon.log" 2>&1 &
 PID=$!
+sleep 3
+{ echo "=== resident process $PID, 3s after start (probe running in children)"; grep -E '^(VmRSS|VmHWM|Threads)' "/proc/$PID/status"; } >"$OUT/rss.txt"
 for _ in $(seq 1 $(($(left) - 15))); do
-  grep -q "verdict (" "$OUT/daemon.txt" && break
+  grep -q "verdict (" "$OUT/daemon.log" && break
   sleep 1
 done
 sleep 3
 {
   echo "=== resident process $PID after its first probe"
-  grep -E '^(VmRSS|VmHWM)' "/proc/$PID/status"
-  echo "torch/flashinfer libraries mapped in the resident process: $(grep -c -E 'libtorch|flashinfer|libnccl' "/proc/$PID/maps")"
+  grep -E '^(VmRSS|VmHWM|Threads)' "/proc/$PID/status"
+  echo "torch/flashinfer/NCCL libraries mapped in the resident process: $(grep -c -E 'libtorch|flashinfer|libnccl' "/proc/$PID/maps")"
   "$PY" -c "
 import urllib.request
 text = urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=5).read().decode()
 print('\n'.join(l for l in text.splitlines() if l.startswith(('process_resident_memory_bytes', 'fiar_agent_'))))
 print('healthz:', urllib.request.urlopen('http://127.0.0.1:9400/healthz', timeout=5).read().decode().strip())
 "
-} >>"$OUT/daemon.txt" 2>&1
+} >>"$OUT/rss.txt" 2>&1
 kill -TERM "$PID"
 timeout 30 tail --pid="$PID" -f /dev/null
 wait "$PID"
-echo "=== daemon exit code after SIGTERM: $?" >>"$OUT/daemon.txt"
+echo "=== daemon exit code after SIGTERM: $?" >>"$OUT/rss.txt"
 log "daemon done; total $(($(date +%s) - START))s"

@@ -9,18 +9,23 @@ concurrent writer of other keys loses nothing. ``fiar.io/reprobe`` is cleared wi
 that first tests the value, so a request made while the agent was probing is not lost.
 
 API errors are mapped onto ``node_agent.errors`` (transient ones are ``ApiUnavailable``); the
-daemon retries with ``Backoff``.
+daemon retries with ``Backoff``. The calls go through ``Transport``: the kubernetes package loads
+the kubeconfig or in-cluster credentials and provides the TLS pool; the generated API classes are
+not used (they would roughly double the resident memory).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import fiar_contract as contract
+from node_agent import __version__
 from node_agent.errors import ApiUnavailable, ConfigError, NodeNotFound, PublishError, PublishRejected
 
 JSON_PATCH = "application/json-patch+json"
@@ -31,21 +36,27 @@ def _pointer(key: str) -> str:
     return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def translate(exc: BaseException) -> PublishError:
-    """The agent's error for a kubernetes-client or urllib3 exception."""
-    from kubernetes.client.exceptions import ApiException
+class HttpError(Exception):
+    """A non-2xx answer of the API server."""
 
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+def translate(exc: BaseException) -> PublishError:
+    """The agent's error for an API answer or a transport failure."""
     if isinstance(exc, PublishError):
         return exc
-    if isinstance(exc, ApiException):
-        status = int(exc.status or 0)
-        message = f"HTTP {status} {exc.reason or ''}".strip()
-        if status == 404:
-            return NodeNotFound(message)
-        if status == 0 or status == 429 or status >= 500:
-            return ApiUnavailable(message)
-        return PublishRejected(f"{message}: {(exc.body or '')[:300]}")
-    return ApiUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}")
+    if isinstance(exc, HttpError):
+        if exc.status == 404:
+            return NodeNotFound(str(exc))
+        if exc.status == 429 or exc.status >= 500:
+            return ApiUnavailable(str(exc))
+        return PublishRejected(f"{exc}: {exc.body[:300]}")
+    return ApiUnavailable(f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def load_client_config(kubeconfig: str | None) -> Any:
@@ -61,8 +72,77 @@ def load_client_config(kubeconfig: str | None) -> Any:
     except Exception as exc:  # ConfigException, FileNotFoundError, yaml errors
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration (no --kubeconfig)"
         raise ConfigError(f"cannot load {where}: {exc}") from exc
-    cfg.retries = 0  # the agent's own backoff decides; urllib3 retries would only add latency
     return cfg
+
+
+class Transport:
+    """JSON over the kubernetes package's TLS-configured urllib3 pool, nothing more.
+
+    The agent makes three kinds of call (get, patch, watch one Node). The generated ``CoreV1Api``
+    would cost about 22 MB of resident memory for that; the pool manager (certificates, CA, proxy
+    from the kubeconfig) and the configuration's bearer token (refreshed for in-cluster tokens)
+    are all it needs. No urllib3 retries: the agent's own backoff decides.
+    """
+
+    def __init__(self, client_config: Any) -> None:
+        from kubernetes.client import rest
+
+        self._config = client_config
+        self._pool = rest.RESTClientObject(client_config).pool_manager
+        self._host = str(client_config.host).rstrip("/")
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": f"fiar-agent/{__version__}"}
+        token = self._config.auth_settings().get("BearerToken")
+        if token and token.get("value"):
+            headers["Authorization"] = str(token["value"])
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def request(
+        self, method: str, path: str, *, body: Any = None, content_type: str | None = None, timeout_s: float
+    ) -> Any:
+        import urllib3
+
+        data = None if body is None else json.dumps(body).encode()
+        resp = self._pool.request(
+            method,
+            self._host + path,
+            body=data,
+            headers=self._headers(content_type),
+            timeout=urllib3.Timeout(connect=min(5.0, timeout_s), read=timeout_s),
+            retries=False,
+        )
+        text = resp.data.decode(errors="replace")
+        if not 200 <= resp.status < 300:
+            raise HttpError(resp.status, resp.reason or "", text)
+        return json.loads(text) if text else None
+
+    def stream(self, path: str, *, read_timeout_s: float) -> Iterator[dict[str, Any]]:
+        """JSON objects of a watch, one per line, until the server ends the window."""
+        import urllib3
+
+        resp = self._pool.request(
+            "GET",
+            self._host + path,
+            headers=self._headers(None),
+            timeout=urllib3.Timeout(connect=5.0, read=read_timeout_s),
+            retries=False,
+            preload_content=False,
+        )
+        try:
+            if not 200 <= resp.status < 300:
+                raise HttpError(resp.status, resp.reason or "", resp.read().decode(errors="replace"))
+            buffer = b""
+            for chunk in resp.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
 
 
 @dataclass
@@ -95,13 +175,13 @@ class NodeState:
         return self.annotations.get(contract.ANNOTATION_REPROBE)
 
 
-def _state(node: Any) -> NodeState:
-    meta = node.metadata
-    return NodeState(dict(meta.labels or {}), dict(meta.annotations or {}), meta.resource_version)
+def _state(node: Mapping[str, Any]) -> NodeState:
+    meta = node.get("metadata") or {}
+    return NodeState(dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}), meta.get("resourceVersion"))
 
 
 class NodePublisher:
-    """Reads and patches one Node through its own API client (one per thread)."""
+    """Reads, patches and watches one Node (one transport per thread)."""
 
     def __init__(self, client_config: Any, node_name: str, request_timeout_s: float = 10.0) -> None:
         if not node_name:
@@ -110,24 +190,25 @@ class NodePublisher:
         self._config = client_config
         self._timeout = request_timeout_s
         self._local = threading.local()
+        self._path = f"/api/v1/nodes/{quote(node_name, safe='')}"
 
-    def _core(self) -> Any:
-        api = getattr(self._local, "api", None)
-        if api is None:
-            from kubernetes import client
+    def _transport(self) -> Transport:
+        transport = getattr(self._local, "transport", None)
+        if transport is None:
+            transport = Transport(self._config)
+            self._local.transport = transport
+        return transport
 
-            api = client.CoreV1Api(client.ApiClient(self._config))
-            self._local.api = api
-        return api
-
-    def _call(self, fn: Callable[[Any], Any]) -> Any:
+    def _call(self, method: str, *, body: Any = None, content_type: str | None = None) -> Any:
         try:
-            return fn(self._core())
+            return self._transport().request(
+                method, self._path, body=body, content_type=content_type, timeout_s=self._timeout
+            )
         except Exception as exc:
             raise translate(exc) from exc
 
     def read(self) -> NodeState:
-        return _state(self._call(lambda api: api.read_node(self.node_name, _request_timeout=self._timeout)))
+        return _state(self._call("GET"))
 
     def label_patch(self, current: Mapping[str, str], labels: Mapping[str, str]) -> dict[str, str | None]:
         """Only owned keys: set what changed, remove owned keys no longer written."""
@@ -145,23 +226,19 @@ class NodePublisher:
         current = self.read()
         patch = self.label_patch(current.labels, labels)
         body = {"metadata": {"labels": patch, "annotations": {contract.ANNOTATION_PROBE_REPORT: report_text}}}
-        self._call(
-            lambda api: api.patch_node(self.node_name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout)
-        )
+        self._call("PATCH", body=body, content_type=MERGE_PATCH)
         return patch
 
     def clear_reprobe(self, value: str) -> bool:
         """Remove ``fiar.io/reprobe`` if it still holds ``value``; False if it changed meanwhile."""
-        from kubernetes.client.exceptions import ApiException
-
         ops = [
             {"op": "test", "path": _pointer(contract.ANNOTATION_REPROBE), "value": value},
             {"op": "remove", "path": _pointer(contract.ANNOTATION_REPROBE)},
         ]
         try:
-            self._core().patch_node(self.node_name, ops, _content_type=JSON_PATCH, _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status == 422:  # the test op failed: absent or a newer request
+            self._transport().request("PATCH", self._path, body=ops, content_type=JSON_PATCH, timeout_s=self._timeout)
+        except HttpError as exc:
+            if exc.status == 422:  # the test op failed: absent, or a newer request
                 return False
             raise translate(exc) from exc
         except Exception as exc:
@@ -178,27 +255,22 @@ class NodePublisher:
         window_s: int = 60,
     ) -> None:
         """Call ``on_state`` for every change of the own Node until ``stop``; reconnects with backoff."""
-        from kubernetes import watch
-
         backoff = backoff or Backoff()
+        selector = quote(f"metadata.name={self.node_name}", safe="")
+        path = f"/api/v1/nodes?watch=true&fieldSelector={selector}&timeoutSeconds={window_s}"
         while not stop.is_set():
-            w = watch.Watch()
             try:
-                for event in w.stream(
-                    self._core().list_node,
-                    field_selector=f"metadata.name={self.node_name}",
-                    timeout_seconds=window_s,
-                    _request_timeout=(5, window_s + 10),
-                ):
+                for event in self._transport().stream(path, read_timeout_s=window_s + 15):
                     backoff.reset()
                     if stop.is_set():
-                        w.stop()
+                        return
+                    if event.get("type") == "ERROR":
                         break
                     obj = event.get("object")
-                    if event.get("type") in ("ADDED", "MODIFIED") and getattr(obj, "metadata", None) is not None:
+                    if event.get("type") in ("ADDED", "MODIFIED") and isinstance(obj, dict):
                         on_state(_state(obj))
             except Exception as exc:
                 if on_error is not None:
                     on_error(translate(exc))
-                self._local.api = None
+                self._local.transport = None
                 stop.wait(backoff.next_delay())

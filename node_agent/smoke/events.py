@@ -1,6 +1,6 @@
 """Per-rank event files: one JSON object per line, appended and flushed as each step starts and ends.
 
-An event is ``{"step": ..., "status": ..., "t": <unix time>, ...}``. Statuses:
+An event is ``{"step": ..., "status": ..., "t": <unix time>, "pid": ..., ...}``. Statuses:
 
 * ``start`` / ``ok``: a step began / finished (``ok`` carries ``dt``, its seconds);
 * ``fail``: the backend failed the step (``kind``: ``null_mc_ptr``, ``numerics``, ``error``);
@@ -38,7 +38,7 @@ class EventLog:
         return cls(os.environ.get(ENV_EVENTS_FILE))
 
     def emit(self, step: str, status: str, **fields: Any) -> None:
-        event = {"step": step, "status": status, "t": time.time(), **fields}
+        event = {"step": step, "status": status, "t": time.time(), "pid": os.getpid(), **fields}
         if self._file is not None:
             self._file.write(json.dumps(event, default=str) + "\n")
             self._file.flush()
