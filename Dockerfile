@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1.7
+# Images for fiar: one target per component.
+#   docker build --target operator -t fiar-operator .
+#   docker build --target agent    -t fiar-agent .
+ARG PYTHON_VERSION=3.12
+ARG CUDA_VERSION=13.0.2
+ARG UBUNTU=ubuntu24.04
+
+# ---------------------------------------------------------------------------------------------
+# operator: slim, non-root, nothing but the virtualenv
+# ---------------------------------------------------------------------------------------------
+FROM python:${PYTHON_VERSION}-slim AS operator-build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md fiar_contract.py ./
+COPY operator ./operator
+COPY node_agent ./node_agent
+RUN python -m venv /opt/fiar \
+ && /opt/fiar/bin/pip install --no-compile .
+
+FROM python:${PYTHON_VERSION}-slim AS operator
+LABEL org.opencontainers.image.title="fiar-operator" \
+      org.opencontainers.image.description="FiAllreducePolicy operator and admission webhooks"
+COPY --from=operator-build /opt/fiar /opt/fiar
+ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+USER 65532:65532
+EXPOSE 9443 8080
+ENTRYPOINT ["fiar-operator"]
+CMD ["run"]
+
+# ---------------------------------------------------------------------------------------------
+# agent: CUDA runtime, torch, FlashInfer, comm kernels prebuilt for sm_90a and sm_100a
+# ---------------------------------------------------------------------------------------------
+FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS agent-build
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cu130
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev ninja-build \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md fiar_contract.py ./
+COPY operator ./operator
+COPY node_agent ./node_agent
+RUN python3 -m venv /opt/fiar \
+ && /opt/fiar/bin/pip install --no-compile --extra-index-url "${TORCH_INDEX}" ".[gpu]"
+# Compile the trtllm and mnnvl comm modules now, for Hopper and Blackwell, so that a node never
+# JIT-compiles on its critical path (no GPU is needed to compile).
+ENV FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels
+RUN /opt/fiar/bin/fiar-agent prebuild --arch "9.0a 10.0a"
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS agent
+LABEL org.opencontainers.image.title="fiar-agent" \
+      org.opencontainers.image.description="fiar node agent: NVLink multicast probe and FlashInfer allreduce smoke tests"
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=agent-build /opt/fiar /opt/fiar
+COPY --from=agent-build /opt/fiar-kernels /opt/fiar-kernels
+# The chart mounts a hostPath kernel cache at /var/cache/fiar and seeds it from /opt/fiar-kernels.
+ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+EXPOSE 9400
+ENTRYPOINT ["fiar-agent"]
+CMD ["run"]

@@ -1,0 +1,185 @@
+"""The chart lints strictly, its schema rejects bad values, and it renders what admins expect."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+import fiar_contract as contract
+from devcluster.binaries import helm, kubernetes_version, render, set_args
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "fiar"
+
+# Values that switch on every optional part and move settings off their defaults.
+CUSTOM_VALUES: dict[str, Any] = {
+    "fullnameOverride": "gpu-fiar",
+    "operator.replicas": 3,
+    "operator.webhook.timeoutSeconds": 1,
+    "operator.webhook.excludeNamespaces[0]": "batch",
+    "operator.verbose": True,
+    "operator.podDisruptionBudget.minAvailable": 2,
+    "agent.runtimeClassName": "nvidia",
+    "agent.probe.forbidMulticast": True,
+    "agent.probe.benchmark": False,
+    "agent.probe.requirePrebuilt": True,
+    "agent.probe.intervalSeconds": 3600,
+    "agent.env[0].name": "NCCL_NVLS_ENABLE",
+    "agent.env[0].value": "0",
+    "defaultPolicy.enabled": True,
+    "grafanaDashboard.enabled": True,
+    "crds.keep": False,
+}
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM_VALUES], ids=["default", "custom"])
+def test_chart_lints_strictly(controlplane_binaries: Any, values: dict[str, Any]) -> None:
+    proc = helm("lint", "--strict", str(CHART), "--kube-version", kubernetes_version(), *set_args(values))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"agent.bogus": 1}, "additional properties 'bogus' not allowed"),
+        ({"operator.webhook.timeoutSeconds": 5}, "timeoutSeconds"),
+        ({"operator.image.pullPolicy": "Sometimes"}, "pullPolicy"),
+        ({"defaultPolicy.spec.fallbackBackend": "NCCL"}, "fallbackBackend"),
+    ],
+    ids=["unknown-key", "webhook-timeout-too-long", "bad-pull-policy", "bad-fallback"],
+)
+def test_values_schema_rejects_bad_values_with_a_readable_message(
+    controlplane_binaries: Any, values: dict[str, Any], message: str
+) -> None:
+    proc = helm("template", "fiar", str(CHART), "--kube-version", kubernetes_version(), *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_every_value_is_documented() -> None:
+    """Each key has a ``# --`` comment, or sits inside a documented key (e.g. resources.requests)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    documented_at: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    undocumented = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)(?:- )?([A-Za-z][\w./-]*):(.*)$", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while documented_at and documented_at[-1][0] >= indent:
+            documented_at.pop()
+        block = []
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#"):
+            block.append(lines[j].strip())
+            j -= 1
+        documented = any(c.startswith("# --") for c in block) or any(d for _, d in documented_at)
+        if match.group(3).strip() and not documented:
+            undocumented.append(f"line {i + 1}: {line.strip()}")
+        documented_at.append((indent, documented))
+    assert undocumented == []
+
+
+def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_binaries: Any) -> None:
+    kinds = by_kind(render(CHART, {}, namespace="fiar-system"))
+    crd_names = {c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]}
+    assert f"{contract.PLURAL}.{contract.GROUP}" in crd_names
+    for crd in kinds["CustomResourceDefinition"]:
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    deployment = kinds["Deployment"][0]
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sec = pod["containers"][0]["securityContext"]
+    assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
+    assert sec["capabilities"] == {"drop": ["ALL"]}
+    assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+
+    webhooks = kinds["MutatingWebhookConfiguration"][0]["webhooks"]
+    assert {w["name"] for w in webhooks} == {"pods.fiar.io", "binding.fiar.io"}
+    for hook in webhooks:
+        assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+        assert hook["timeoutSeconds"] <= 2
+        exprs = {e["key"]: e for e in hook["namespaceSelector"]["matchExpressions"]}
+        assert set(exprs["kubernetes.io/metadata.name"]["values"]) == {"kube-system", "fiar-system"}
+        assert exprs[contract.NAMESPACE_IGNORE_LABEL]["operator"] == "DoesNotExist"
+    resources = {w["name"]: w["rules"][0]["resources"] for w in webhooks}
+    assert resources == {"pods.fiar.io": ["pods"], "binding.fiar.io": ["pods/binding"]}
+
+    # The chart-made CA in the webhook configuration signed the serving certificate in the Secret.
+    secret = kinds["Secret"][0]
+    assert base64.b64decode(webhooks[0]["clientConfig"]["caBundle"]) == base64.b64decode(secret["data"]["ca.crt"])
+    served = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    sans = sans.get_values_for_type(x509.DNSName)
+    assert "fiar-operator.fiar-system.svc" in sans
+
+    daemonset = kinds["DaemonSet"][0]
+    agent_pod = daemonset["spec"]["template"]
+    assert agent_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    env = {e["name"]: e for e in agent_pod["spec"]["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert any(v.get("hostPath") for v in agent_pod["spec"]["volumes"])
+    assert re.fullmatch(r"[0-9a-f]{64}", agent_pod["metadata"]["annotations"]["checksum/config"])
+
+
+def test_agent_config_change_rolls_the_daemonset(controlplane_binaries: Any) -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        ds = by_kind(render(CHART, values))["DaemonSet"][0]
+        return str(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum({}) == checksum({})
+    assert checksum({}) != checksum({"agent.probe.timeoutSeconds": 600})
+
+
+def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
+    kinds = by_kind(render(CHART, CUSTOM_VALUES, namespace="gpu-ops"))
+    assert kinds["Deployment"][0]["metadata"]["name"] == "gpu-fiar-operator"
+    assert kinds["Deployment"][0]["spec"]["replicas"] == 3
+    webhooks = kinds["MutatingWebhookConfiguration"][0]["webhooks"]
+    excluded = set(webhooks[0]["namespaceSelector"]["matchExpressions"][0]["values"])
+    assert excluded == {"kube-system", "gpu-ops", "batch"}
+    assert all(w["timeoutSeconds"] == 1 for w in webhooks)
+    ds = kinds["DaemonSet"][0]["spec"]["template"]["spec"]
+    assert ds["runtimeClassName"] == "nvidia"
+    config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "gpu-fiar-agent")["data"]
+    assert config["FIAR_FLAGS"].split() == ["--forbid-multicast", "--no-benchmark", "--require-prebuilt"]
+    assert config["FIAR_INTERVAL"] == "3600"
+    assert {"name": "NCCL_NVLS_ENABLE", "value": "0"} in ds["containers"][0]["env"]
+    assert kinds["FiAllreducePolicy"][0]["metadata"]["name"] == "default"
+    assert "fiar.json" in next(c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard"))["data"]
+    assert all("annotations" not in c["metadata"] for c in kinds["CustomResourceDefinition"])
+
+
+def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(controlplane_binaries: Any) -> None:
+    kinds = by_kind(render(CHART, {"tls.certManager.enabled": True}))
+    assert "Secret" not in kinds
+    cert = kinds["Certificate"][0]
+    assert cert["spec"]["issuerRef"]["kind"] == "Issuer" and kinds["Issuer"][0]["spec"] == {"selfSigned": {}}
+    config = kinds["MutatingWebhookConfiguration"][0]
+    inject = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert inject == f"fiar-system/{cert['metadata']['name']}"
+    assert all("caBundle" not in w["clientConfig"] for w in config["webhooks"])
+
+
+def test_the_crd_is_the_operator_packages_crd(controlplane_binaries: Any) -> None:
+    packaged = yaml.safe_load((ROOT / "operator" / "fiar_operator" / "crds" / "fiallreducepolicies.yaml").read_text())
+    rendered = next(c for c in by_kind(render(CHART))["CustomResourceDefinition"]
+                    if c["metadata"]["name"] == packaged["metadata"]["name"])
+    assert rendered["spec"] == packaged["spec"]

@@ -1,0 +1,244 @@
+"""The chart against a real API server: server-side validation, install, upgrade, uninstall, and the
+agent's own-node admission policy and the operator's RBAC enforced by the API server itself."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+import fiar_contract as contract
+from devcluster.binaries import helm, kubectl, render, set_args
+from devcluster.cluster import ControlPlane, Tier
+
+pytestmark = pytest.mark.controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "fiar"
+NAMESPACE = "fiar-system"
+# Kinds whose CRDs belong to other projects (cert-manager, Prometheus Operator): not in this plane.
+FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def chart_plane(controlplane_binaries: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A plane of its own: the chart installs cluster-scoped objects (CRDs, webhook configuration)."""
+    plane = ControlPlane(tmp_path_factory.mktemp("chart-plane"), Tier.C)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def _crd_established(api: Any, name: str) -> bool:
+    crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+
+@pytest.mark.parametrize("values", [{}, {"defaultPolicy.enabled": True, "fullnameOverride": "gpu-fiar",
+                                         "tls.certManager.enabled": False, "agent.runtimeClassName": "nvidia",
+                                         "operator.replicas": 3, "grafanaDashboard.enabled": True}],
+                         ids=["default", "custom"])
+def test_rendered_manifests_pass_strict_server_side_validation(
+    chart_plane: ControlPlane, values: dict[str, Any], tmp_path: Path, unique: str
+) -> None:
+    ns = chart_plane.create_namespace(f"render-{unique}")
+    docs = [d for d in render(CHART, values, namespace=ns, release=f"r{unique}") if d["kind"] not in FOREIGN_KINDS]
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
+    # CRDs are created for real first so that custom resources in the release validate against them.
+    kubectl(chart_plane.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
+            stdin=yaml.safe_dump_all(crds))
+    with chart_plane.api_client() as api:
+        for crd in crds:
+            wait_for(lambda name=crd["metadata"]["name"]: _crd_established(api, name), what="CRD Established")
+    try:
+        proc = kubectl(chart_plane.kubeconfig, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                       stdin=yaml.safe_dump_all(rest))
+    finally:
+        # Leave the CRDs to the chart install that comes next (Helm adopts nothing it did not create).
+        kubectl(chart_plane.kubeconfig, "delete", "--wait", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    applied = [line for line in proc.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(rest), proc.stdout
+
+
+def _install(plane: ControlPlane, *extra: str) -> None:
+    helm("upgrade", "--install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+         *extra, kubeconfig=plane.kubeconfig)
+
+
+def test_install_upgrade_and_uninstall(chart_plane: ControlPlane) -> None:
+    _install(chart_plane)
+    with chart_plane.api_client() as api:
+        apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+        assert apps.read_namespaced_deployment("fiar-operator", NAMESPACE).spec.replicas == 2
+        assert apps.read_namespaced_daemon_set("fiar-agent", NAMESPACE)
+        admission = client.AdmissionregistrationV1Api(api)
+        hooks = admission.read_mutating_webhook_configuration("fiar").webhooks
+        assert {h.name for h in hooks} == {"pods.fiar.io", "binding.fiar.io"}
+        assert admission.read_validating_admission_policy("fiar-agent-own-node")
+        crd_name = f"{contract.PLURAL}.{contract.GROUP}"
+        wait_for(lambda: _crd_established(api, crd_name), what="CRD Established")
+        objs = client.CustomObjectsApi(api)
+        assert objs.list_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL)["items"] == []
+        secret = core.read_namespaced_secret("fiar-webhook-tls", NAMESPACE).data
+        ca_bundle = hooks[0].client_config.ca_bundle
+
+        # Upgrade with other values: the webhook certificate and CA stay the same.
+        _install(chart_plane, *set_args({"operator.replicas": 3, "agent.probe.timeoutSeconds": 600}))
+        assert apps.read_namespaced_deployment("fiar-operator", NAMESPACE).spec.replicas == 3
+        assert core.read_namespaced_secret("fiar-webhook-tls", NAMESPACE).data == secret
+        hooks = admission.read_mutating_webhook_configuration("fiar").webhooks
+        assert all(h.client_config.ca_bundle == ca_bundle for h in hooks)
+        assert base64.b64decode(ca_bundle) == base64.b64decode(secret["ca.crt"])
+
+        # A policy exists when the chart is removed: the CRD (and so the policy) is kept.
+        objs.create_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, {
+            "apiVersion": f"{contract.GROUP}/{contract.VERSION}", "kind": contract.KIND,
+            "metadata": {"name": "keep-me"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}})
+        helm("uninstall", "fiar", "--namespace", NAMESPACE, "--wait", kubeconfig=chart_plane.kubeconfig)
+        with pytest.raises(ApiException) as gone:
+            apps.read_namespaced_deployment("fiar-operator", NAMESPACE)
+        assert gone.value.status == 404
+        with pytest.raises(ApiException):
+            admission.read_mutating_webhook_configuration("fiar")
+        assert _crd_established(api, crd_name)
+        assert objs.get_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, "keep-me")
+        objs.delete_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, "keep-me")
+
+
+# -- identities from the chart --------------------------------------------------------------------
+def token_for(plane: ControlPlane, service_account: str, pod: client.V1Pod | None = None) -> str:
+    """A service-account token, bound to ``pod`` when given (the API server adds the pod's node)."""
+    spec: dict[str, Any] = {"audiences": [plane.server], "expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
+                                  "uid": pod.metadata.uid}
+    with plane.api_client() as api:
+        request = client.CoreV1Api(api).create_namespaced_service_account_token(
+            service_account, NAMESPACE, {"spec": spec})
+    return str(request.status.token)
+
+
+def identity_client(plane: ControlPlane, tmp_path: Path, name: str, token: str) -> Any:
+    kubeconfig = plane.write_kubeconfig(tmp_path / f"{name}.kubeconfig", name, token=token)
+    from kubernetes import config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture(scope="module")
+def installed(chart_plane: ControlPlane) -> ControlPlane:
+    _install(chart_plane)
+    return chart_plane
+
+
+def _agent_pod_on(plane: ControlPlane, node: str) -> client.V1Pod:
+    with plane.api_client() as api:
+        core = client.CoreV1Api(api)
+
+        def pod() -> Any:
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=agent",
+                                            field_selector=f"spec.nodeName={node}").items
+            return pods[0] if pods else None
+
+        return wait_for(pod, 60, f"the DaemonSet's agent pod on {node}")
+
+
+def _patch_labels(api: Any, node: str, labels: dict[str, str | None], dry_run: bool = False) -> None:
+    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}}, dry_run="All" if dry_run else None)
+
+
+def test_agent_token_may_label_only_its_own_node_and_only_fiar_keys(
+    installed: ControlPlane, tmp_path: Path, unique: str
+) -> None:
+    node_a, node_b = f"gpu-a-{unique}", f"gpu-b-{unique}"
+    for node in (node_a, node_b):
+        installed.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    agent_pod = _agent_pod_on(installed, node_a)
+    token = token_for(installed, "fiar-agent", agent_pod)
+    with identity_client(installed, tmp_path, "agent", token) as agent:
+        # The policy binding takes effect moments after install: probe with dry runs (nothing is
+        # written) until node B is refused, then check every case for real.
+        def refused_on_b(dry_run: bool = True) -> bool:
+            try:
+                _patch_labels(agent, node_b, {contract.LABEL_BACKEND: "trtllm"}, dry_run=dry_run)
+            except ApiException as exc:
+                return exc.status == 403 and "may only change the Node its pod runs on" in exc.body
+            return False
+
+        wait_for(refused_on_b, 30, "the own-node admission policy")
+        assert refused_on_b(dry_run=False)
+        _patch_labels(agent, node_a, {contract.LABEL_BACKEND: "trtllm", contract.LABEL_GPUS: "8"})
+        with pytest.raises(ApiException) as other_key:
+            _patch_labels(agent, node_a, {"example.com/owned-by-someone-else": "x"})
+        assert other_key.value.status == 403 and "only add, change or remove fiar.io/ labels" in other_key.value.body
+        with pytest.raises(ApiException) as other_annotation:
+            client.CoreV1Api(agent).patch_node(node_a, {"metadata": {"annotations": {"example.com/x": "y"}}})
+        assert other_annotation.value.status == 403
+        with pytest.raises(ApiException) as taint:
+            client.CoreV1Api(agent).patch_node(node_a, {"spec": {"unschedulable": True}})
+        assert taint.value.status == 403
+        with pytest.raises(ApiException) as delete:
+            client.CoreV1Api(agent).delete_node(node_a)
+        assert delete.value.status == 403
+    with installed.api_client() as api:
+        labels = client.CoreV1Api(api).read_node(node_a).metadata.labels
+        assert labels[contract.LABEL_BACKEND] == "trtllm" and labels[contract.LABEL_GPUS] == "8"
+        assert contract.LABEL_BACKEND not in client.CoreV1Api(api).read_node(node_b).metadata.labels
+
+
+def test_an_agent_token_not_bound_to_a_pod_changes_no_node(
+    installed: ControlPlane, tmp_path: Path, unique: str
+) -> None:
+    node = f"gpu-c-{unique}"
+    installed.add_node(node)
+    with identity_client(installed, tmp_path, "agent-unbound", token_for(installed, "fiar-agent")) as agent:
+        def refused() -> bool:
+            try:
+                _patch_labels(agent, node, {contract.LABEL_BACKEND: "none"}, dry_run=True)
+            except ApiException as exc:
+                return exc.status == 403 and "not bound to a pod on a node" in exc.body
+            return False
+
+        wait_for(refused, 30, "the own-node admission policy")
+
+
+def test_operator_account_reads_pods_but_no_secret(installed: ControlPlane, tmp_path: Path) -> None:
+    with identity_client(installed, tmp_path, "operator", token_for(installed, "fiar-operator")) as operator:
+        core = client.CoreV1Api(operator)
+        assert core.list_pod_for_all_namespaces(limit=1) is not None
+        for call in (lambda: core.read_namespaced_secret("fiar-webhook-tls", NAMESPACE),
+                     lambda: core.list_secret_for_all_namespaces(limit=1)):
+            with pytest.raises(ApiException) as denied:
+                call()
+            assert denied.value.status == 403
+        with pytest.raises(ApiException) as nodes:
+            core.patch_node("any", {"metadata": {"labels": {contract.LABEL_BACKEND: "mnnvl"}}})
+        assert nodes.value.status == 403
+        review = client.AuthorizationV1Api(operator).create_self_subject_rules_review(
+            {"spec": {"namespace": NAMESPACE}})
+        rules = json.dumps(review.status.to_dict()["resource_rules"])
+        assert "secrets" not in rules
