@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--status-interval", type=float, default=0.5)
     run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
     run.add_argument("--peering", default="fiar", help="kopf peering name (replicas of one deployment share it)")
-    run.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    run.add_argument("--priority", type=int, default=None,
+                     help="kopf peering priority of this replica (default: random, so that replicas differ)")
     run.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("--install-crd", action="store_true", help="create or update the CRD at start (local runs)")
     run.add_argument("--register-webhooks", metavar="URL",
@@ -76,7 +78,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         status_interval=args.status_interval,
         standalone=args.standalone,
         peering=args.peering,
-        priority=args.priority,
+        priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
         liveness=args.liveness,
     )
 

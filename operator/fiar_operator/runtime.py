@@ -25,6 +25,8 @@ from fiar_operator.store import Store
 
 log = logging.getLogger(__name__)
 
+PEERINGS = "/apis/kopf.dev/v1/clusterkopfpeerings"
+
 
 @dataclass(frozen=True)
 class Event:
@@ -108,12 +110,28 @@ class Runtime:
         self.status = StatusWriter(self.store, self.kube, settings.status_interval)
         self._stop = threading.Event()
         self._warned: set[str] = set()
+        self._node_labels: dict[str, dict[str, str]] = {}
+        """fiar.io labels of each node as last reconciled (not the store's copy, which the informer
+        may update before kopf delivers the same change)."""
 
     def start(self) -> None:
+        if not self.settings.standalone:
+            self._ensure_peering()
         self.server.start()
         informers.start_all(self.kube, self.store, self._stop)
         self.status.start()
         log.info("webhooks on port %s, metrics on port %s", self.server.port, self.server.metrics_port)
+
+    def _ensure_peering(self) -> None:
+        """Create the ClusterKopfPeering object the replicas share (kopf only patches an existing one)."""
+        body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": self.settings.peering}}
+        try:
+            self.kube.call("POST", PEERINGS, body=body)
+        except ApiError as exc:
+            if exc.status == 404:
+                log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
+            elif exc.status != 409:
+                raise
 
     def stop(self) -> None:
         self._stop.set()
@@ -165,12 +183,18 @@ class Runtime:
         return self._reannotate(record)
 
     def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
-        name = str((body.get("metadata") or {}).get("name") or "")
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name") or "")
         if deleted:
             self.store.delete_node(name)
+            self._node_labels.pop(name, None)
             self.status.mark()
             return []
         self.store.put_node(body)
+        ours = {k: str(v) for k, v in (meta.get("labels") or {}).items() if k.startswith(contract.PREFIX)}
+        if self._node_labels.get(name) == ours:
+            return []  # a heartbeat or another component's change: nothing for fiar to do
+        self._node_labels[name] = ours
         self.status.mark()
         events: list[Event] = []
         for record in self.store.pods_on_node(name):

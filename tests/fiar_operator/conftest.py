@@ -45,7 +45,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 class Operator:
     """A ``fiar-operator run`` process serving webhooks on 127.0.0.1."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path, selector_value: str) -> None:
+    def __init__(self, plane: ControlPlane, workdir: Path, selector_value: str,
+                 extra: tuple[str, ...] = ("--standalone",)) -> None:
         assert plane.ca is not None
         self.plane, self.workdir = plane, workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +56,7 @@ class Operator:
         self.port, self.metrics_port = free_port(), free_port()
         self.log = workdir / "operator.log"
         self.selector_value = selector_value
+        self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
         self.kube = kube.Kube(plane.api_client())
 
@@ -64,7 +66,7 @@ class Operator:
 
     def start(self) -> None:
         exe = Path(sys.executable).parent / "fiar-operator"
-        argv = [str(exe), "run", "--kubeconfig", str(self.plane.kubeconfig), "--standalone",
+        argv = [str(exe), "run", "--kubeconfig", str(self.plane.kubeconfig), *self.extra,
                 "--webhook-host", "127.0.0.1", "--webhook-port", str(self.port),
                 "--tls-cert", str(self.cert), "--tls-key", str(self.key),
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
@@ -284,9 +286,9 @@ def start_operator(tmp_path: Path) -> Iterator[Callable[[ControlPlane, str], Ope
     """Start operators on planes a test owns (CRD installed first); all are stopped afterwards."""
     started: list[Operator] = []
 
-    def start(plane: ControlPlane, label: str) -> Operator:
+    def start(plane: ControlPlane, label: str, extra: tuple[str, ...] = ("--standalone",)) -> Operator:
         install_crd(plane)
-        running = Operator(plane, tmp_path / f"operator-{len(started)}", label)
+        running = Operator(plane, tmp_path / f"operator-{len(started)}", label, extra)
         started.append(running)
         running.start()
         return running

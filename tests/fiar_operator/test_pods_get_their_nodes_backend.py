@@ -46,6 +46,7 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
             },
         }},
     }
+    reads_before = operator.counter("fiar_binding_pod_lookups_total", source="read")
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
     pods = kit.running(namespace, replicas, "app=vllm", timeout=90)
     placed = {}
@@ -63,3 +64,5 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
         placed[node] = placed.get(node, 0) + 1
     assert set(placed) == set(verdicts)
     assert operator.counter("fiar_decisions_total", trigger="binding") >= replicas
+    # The replica that admitted the pods answers their bindings from memory: no read of any pod.
+    assert operator.counter("fiar_binding_pod_lookups_total", source="read") == reads_before
