@@ -156,8 +156,11 @@ class Admission:
     ) -> dict[str, Any] | Need:
         request = review.request
         binding = request.get("object")
-        if (request.get("subResource") != "binding" or request.get("operation") != "CREATE"
-                or not isinstance(binding, dict)):
+        if (
+            request.get("subResource") != "binding"
+            or request.get("operation") != "CREATE"
+            or not isinstance(binding, dict)
+        ):
             self.metrics.admission("binding", "ignored")
             return respond(review)
         meta = binding.get("metadata") or {}
@@ -169,9 +172,10 @@ class Admission:
             return respond(review)
         policies = list(self.store.policies.values())
         ns_labels = self.store.namespaces.get(namespace)
-        if not policies or (ns_labels is not None and (
-            contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels)
-        )):
+        if not policies or (
+            ns_labels is not None
+            and (contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels))
+        ):
             self.metrics.lookup("uncovered")
             self.metrics.admission("binding", "unmanaged")
             return respond(review)
@@ -184,13 +188,22 @@ class Admission:
             self.metrics.admission("binding", "unmanaged")
             return respond(review)
         decision = decide.decide(
-            policy, target, self.store.nodes.get(target), group_plan(record, policy), self.store.nodes,
-            trigger="binding", time=self.clock(),
+            policy,
+            target,
+            self.store.nodes.get(target),
+            group_plan(record, policy),
+            self.store.nodes,
+            trigger="binding",
+            time=self.clock(),
         )
-        ops = patches.set_map_entries(binding, ("metadata", "annotations"), {
-            contract.ANNOTATION_POD_BACKEND: decision.backend,
-            contract.ANNOTATION_POD_DECISION: decision.to_json(),
-        })
+        ops = patches.set_map_entries(
+            binding,
+            ("metadata", "annotations"),
+            {
+                contract.ANNOTATION_POD_BACKEND: decision.backend,
+                contract.ANNOTATION_POD_DECISION: decision.to_json(),
+            },
+        )
         self.metrics.decision(decision)
         self.metrics.admission("binding", "mutated")
         return respond(review, ops)

@@ -1,8 +1,8 @@
 """``fiar-operator`` entry point.
 
-    fiar-operator run [--kubeconfig F] [--webhook-port P --tls-cert C --tls-key K] [--standalone] ...
-    fiar-operator crd                       print the FiAllreducePolicy CRD
-    fiar-operator webhook-config --url U --ca-file F    print the MutatingWebhookConfiguration
+fiar-operator run [--kubeconfig F] [--webhook-port P --tls-cert C --tls-key K] [--standalone] ...
+fiar-operator crd                       print the FiAllreducePolicy CRD
+fiar-operator webhook-config --url U --ca-file F    print the MutatingWebhookConfiguration
 """
 
 from __future__ import annotations
@@ -39,17 +39,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls-key", type=Path, help="PEM key of the serving certificate")
     run.add_argument("--metrics-host", default="0.0.0.0")
     run.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz (-1: off)")
-    run.add_argument("--read-timeout", type=float, default=0.3,
-                     help="seconds for the binding webhook's last-resort read of an unseen pod")
+    run.add_argument(
+        "--read-timeout",
+        type=float,
+        default=0.3,
+        help="seconds for the binding webhook's last-resort read of an unseen pod",
+    )
     run.add_argument("--status-interval", type=float, default=0.5)
     run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
     run.add_argument("--peering", default="fiar", help="kopf peering name (replicas of one deployment share it)")
-    run.add_argument("--priority", type=int, default=None,
-                     help="kopf peering priority of this replica (default: random, so that replicas differ)")
+    run.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="kopf peering priority of this replica (default: random, so that replicas differ)",
+    )
     run.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("--install-crd", action="store_true", help="create or update the CRD at start (local runs)")
-    run.add_argument("--register-webhooks", metavar="URL",
-                     help="local runs: register a webhook configuration pointing at URL (https://host:port)")
+    run.add_argument(
+        "--register-webhooks",
+        metavar="URL",
+        help="local runs: register a webhook configuration pointing at URL (https://host:port)",
+    )
     run.add_argument("--webhook-ca", type=Path, help="CA bundle for --register-webhooks (default: --tls-cert)")
     run.add_argument("--verbose", action="store_true")
 
@@ -60,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="https://host:port of the webhook server")
     target.add_argument("--service", help="NAMESPACE/NAME:PORT of the webhook Service")
     config.add_argument("--ca-file", type=Path, required=True, help="PEM CA bundle that signed the serving cert")
-    config.add_argument("--exclude-namespace", action="append", default=None,
-                        help="namespace the webhooks never see (repeatable; default kube-system)")
+    config.add_argument(
+        "--exclude-namespace",
+        action="append",
+        default=None,
+        help="namespace the webhooks never see (repeatable; default kube-system)",
+    )
     return parser
 
 
@@ -103,12 +118,14 @@ def _run(args: argparse.Namespace) -> int:
         config = webhookconfig.configuration(Path(ca).read_bytes(), url=args.register_webhooks)
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
     try:
-        asyncio.run(kopf.operator(
-            clusterwide=True,
-            standalone=True if settings.standalone else None,
-            liveness_endpoint=settings.liveness,
-            memo=kopf.Memo(runtime=runtime),
-        ))
+        asyncio.run(
+            kopf.operator(
+                clusterwide=True,
+                standalone=True if settings.standalone else None,
+                liveness_endpoint=settings.liveness,
+                memo=kopf.Memo(runtime=runtime),
+            )
+        )
     finally:
         if registered:
             with contextlib.suppress(OperatorError):
@@ -127,7 +144,9 @@ def _webhook_config(args: argparse.Namespace) -> int:
             raise OperatorError(f"--service {args.service!r}: expected NAMESPACE/NAME:PORT") from None
     exclude = args.exclude_namespace if args.exclude_namespace is not None else ["kube-system"]
     config = webhookconfig.configuration(
-        args.ca_file.read_bytes(), url=args.url, service=service,
+        args.ca_file.read_bytes(),
+        url=args.url,
+        service=service,
         selector=webhookconfig.namespace_selector(exclude),
     )
     sys.stdout.write(yaml.safe_dump(config, sort_keys=False))

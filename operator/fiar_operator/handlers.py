@@ -33,9 +33,13 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
     scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(
-        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
-        scheme=scheme or None, token=token or None,
-        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
     )
 
 

@@ -40,20 +40,33 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 SOURCES: Final = (
     Source("nodes", kube.NODES, Store.put_node, lambda s, o: s.delete_node(str(_meta(o).get("name")))),
-    Source("namespaces", kube.NAMESPACES, Store.put_namespace,
-           lambda s, o: s.delete_namespace(str(_meta(o).get("name")))),
+    Source(
+        "namespaces", kube.NAMESPACES, Store.put_namespace, lambda s, o: s.delete_namespace(str(_meta(o).get("name")))
+    ),
     Source("policies", kube.POLICIES, Store.put_policy, lambda s, o: s.delete_policy(str(_meta(o).get("name")))),
-    Source("pods", kube.PODS, Store.put_pod,
-           lambda s, o: s.delete_pod(str(_meta(o).get("namespace")), str(_meta(o).get("name")),
-                                     str(_meta(o).get("uid") or ""))),
+    Source(
+        "pods",
+        kube.PODS,
+        Store.put_pod,
+        lambda s, o: s.delete_pod(
+            str(_meta(o).get("namespace")), str(_meta(o).get("name")), str(_meta(o).get("uid") or "")
+        ),
+    ),
 )
 
 
 class Informer:
     """One thread: list a collection into the store, then apply its watch events, forever."""
 
-    def __init__(self, client: kube.Kube, store: Store, source: Source, stop: threading.Event,
-                 on_change: Callable[[str], None] | None = None, watch_timeout: int = 300) -> None:
+    def __init__(
+        self,
+        client: kube.Kube,
+        store: Store,
+        source: Source,
+        stop: threading.Event,
+        on_change: Callable[[str], None] | None = None,
+        watch_timeout: int = 300,
+    ) -> None:
         self.client, self.store, self.source, self.stop = client, store, source, stop
         self.on_change = on_change
         self.watch_timeout = watch_timeout
@@ -109,8 +122,9 @@ class Informer:
             self.on_change(self.source.kind)
 
 
-def start_all(client: kube.Kube, store: Store, stop: threading.Event,
-              on_change: Callable[[str], None] | None = None) -> list[Informer]:
+def start_all(
+    client: kube.Kube, store: Store, stop: threading.Event, on_change: Callable[[str], None] | None = None
+) -> list[Informer]:
     informers = [Informer(client, store, source, stop, on_change) for source in SOURCES]
     for informer in informers:
         informer.start()

@@ -50,15 +50,26 @@ class Kube:
     def __init__(self, api: Any) -> None:
         self.api = api
 
-    def _send(self, method: str, path: str, query: Mapping[str, Any] | None, body: Any,
-              content_type: str | None, timeout: float | tuple[float, float] | None) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: float | tuple[float, float] | None,
+    ) -> Any:
         headers = {"Accept": JSON}
         if content_type:
             headers["Content-Type"] = content_type
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         request = self.api.param_serialize(
-            method=method, resource_path=path, query_params=params, header_params=headers,
-            body=body, auth_settings=["BearerToken"],
+            method=method,
+            resource_path=path,
+            query_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
         )
         try:
             response = self.api.call_api(*request, _request_timeout=timeout)
@@ -68,8 +79,15 @@ class Kube:
             raise ApiError(f"{method} {path}: {exc}") from exc
         return response
 
-    def call(self, method: str, path: str, query: Mapping[str, Any] | None = None, body: Any = None,
-             content_type: str | None = None, timeout: float | tuple[float, float] | None = 10.0) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] | None = 10.0,
+    ) -> Any:
         """One request; the decoded JSON answer, or ApiError (with the HTTP status) on failure."""
         response = self._send(method, path, query, body, content_type or (JSON if body is not None else None), timeout)
         data = response.read()
@@ -87,18 +105,25 @@ class Kube:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            doc = self.call("GET", path, {"limit": page, "continue": token, "labelSelector": label_selector},
-                            timeout=(5.0, 60.0))
+            doc = self.call(
+                "GET", path, {"limit": page, "continue": token, "labelSelector": label_selector}, timeout=(5.0, 60.0)
+            )
             items += doc.get("items") or []
             token = (doc.get("metadata") or {}).get("continue") or None
             if not token:
                 return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
-    def watch(self, path: str, resource_version: str, label_selector: str | None = None,
-              timeout_seconds: int = 300) -> Iterator[dict[str, Any]]:
+    def watch(
+        self, path: str, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[dict[str, Any]]:
         """Watch events (dicts with ``type`` and ``object``) from ``resource_version`` on."""
-        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": timeout_seconds, "labelSelector": label_selector}
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+            "labelSelector": label_selector,
+        }
         response = self._send("GET", path, query, None, None, (5.0, timeout_seconds + 30.0))
         raw = response.response
         try:
@@ -123,13 +148,15 @@ class Kube:
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> dict[str, Any]:
         """Merge annotations into a pod; the uid precondition keeps a same-named successor untouched."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
-        result: dict[str, Any] = self.call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body,
-                                           content_type=MERGE_PATCH)
+        result: dict[str, Any] = self.call(
+            "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body, content_type=MERGE_PATCH
+        )
         return result
 
     def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("PATCH", f"{POLICIES}/{name}/status", body={"status": dict(status)},
-                                           content_type=MERGE_PATCH)
+        result: dict[str, Any] = self.call(
+            "PATCH", f"{POLICIES}/{name}/status", body={"status": dict(status)}, content_type=MERGE_PATCH
+        )
         return result
 
     def apply(self, collection: str, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from fiar_operator.decide import Decision
 
 LATENCY_BUCKETS: Final = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
 )
 """Seconds; fine-grained below a millisecond, where the binding webhook is meant to answer."""
 
@@ -19,27 +33,41 @@ class Metrics:
     def __init__(self, sizes: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.admissions = Counter(
-            "fiar_admission_requests", "AdmissionReview requests answered, by webhook and result.",
-            ["webhook", "result"], registry=self.registry,
+            "fiar_admission_requests",
+            "AdmissionReview requests answered, by webhook and result.",
+            ["webhook", "result"],
+            registry=self.registry,
         )
         self.decisions = Counter(
-            "fiar_decisions", "Backend decisions written to pods, by backend, reason and trigger.",
-            ["backend", "reason", "trigger"], registry=self.registry,
+            "fiar_decisions",
+            "Backend decisions written to pods, by backend, reason and trigger.",
+            ["backend", "reason", "trigger"],
+            registry=self.registry,
         )
         self.lookups = Counter(
-            "fiar_binding_pod_lookups", "Where the binding webhook found the bound pod "
-            "(index, memo, read, unknown, uncovered).", ["source"], registry=self.registry,
+            "fiar_binding_pod_lookups",
+            "Where the binding webhook found the bound pod (index, memo, read, unknown, uncovered).",
+            ["source"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "fiar_webhook_duration_seconds", "Time to answer one AdmissionReview, by webhook.",
-            ["webhook"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "fiar_webhook_duration_seconds",
+            "Time to answer one AdmissionReview, by webhook.",
+            ["webhook"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.index_size = Gauge(
-            "fiar_index_objects", "Objects held by the in-memory indexes.", ["index"], registry=self.registry,
+            "fiar_index_objects",
+            "Objects held by the in-memory indexes.",
+            ["index"],
+            registry=self.registry,
         )
         self.reconciled = Counter(
-            "fiar_pods_reannotated", "Running pods whose backend annotation the reconciler changed, by reason.",
-            ["reason"], registry=self.registry,
+            "fiar_pods_reannotated",
+            "Running pods whose backend annotation the reconciler changed, by reason.",
+            ["reason"],
+            registry=self.registry,
         )
         self._sizes = sizes
 

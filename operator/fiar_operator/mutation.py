@@ -139,9 +139,13 @@ def plan_pod_create(
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")
     else:
         decision = decide.pending(policy)
-    meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), {
-        contract.ANNOTATION_POD_BACKEND: decision.backend,
-        contract.ANNOTATION_POD_DECISION: decision.to_json(),
-    })
+    meta_ops = patches.set_map_entries(
+        after,
+        ("metadata", "annotations"),
+        {
+            contract.ANNOTATION_POD_BACKEND: decision.backend,
+            contract.ANNOTATION_POD_DECISION: decision.to_json(),
+        },
+    )
     patches.apply(after, meta_ops)
     return PodPlan(policy, ops + meta_ops, warnings, decision, after)

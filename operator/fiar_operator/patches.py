@@ -22,7 +22,7 @@ def set_map_entries(obj: Mapping[str, Any], path: tuple[str, ...], entries: Mapp
         child = current.get(part) if isinstance(current, Mapping) else None
         if not isinstance(child, Mapping):
             value: Any = dict(entries)
-            for outer in reversed(path[depth + 1:]):
+            for outer in reversed(path[depth + 1 :]):
                 value = {outer: value}
             return [{"op": "add", "path": pointer(*path[: depth + 1]), "value": value}]
         current = child

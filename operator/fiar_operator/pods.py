@@ -63,14 +63,15 @@ def _str_map(raw: Any) -> dict[str, str]:
 
 def _pinned_backend(spec: Mapping[str, Any]) -> bool:
     affinity = spec.get("affinity") or {}
-    required = ((affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         return False
     for term in terms:
         exprs = term.get("matchExpressions") or []
         backend_ok = any(
-            e.get("key") == contract.LABEL_BACKEND and e.get("operator") == "In"
+            e.get("key") == contract.LABEL_BACKEND
+            and e.get("operator") == "In"
             and set(e.get("values") or []) == {"mnnvl"}
             for e in exprs
         )

@@ -67,11 +67,17 @@ def review_pod(
         fresh = replace(fresh, previous=current)
         missed = "bound while the binding webhook was unavailable"
         if fresh.backend == current:
-            return Reannotation(record, fresh, "Normal", "DecidedAfterBinding",
-                                f"{missed}; {current} confirmed on node {record.node}")
-        return Reannotation(record, fresh, "Warning", "DecidedAfterBinding",
-                            f"{missed}: containers started with {current}; node {record.node} gives "
-                            f"{fresh.backend} ({fresh.reason}), effective at the next container start")
+            return Reannotation(
+                record, fresh, "Normal", "DecidedAfterBinding", f"{missed}; {current} confirmed on node {record.node}"
+            )
+        return Reannotation(
+            record,
+            fresh,
+            "Warning",
+            "DecidedAfterBinding",
+            f"{missed}: containers started with {current}; node {record.node} gives "
+            f"{fresh.backend} ({fresh.reason}), effective at the next container start",
+        )
     if fresh.backend == current:
         return None
     facts = decide.node_facts(record.node, labels) if labels is not None else None
@@ -79,9 +85,14 @@ def review_pod(
     if still_verified:
         return None
     verdict = facts.verdict if facts and facts.verdict else "unprobed"
-    return Reannotation(record, replace(fresh, previous=current), "Warning", "NodeVerdictChanged",
-                        f"node {record.node} verdict is now {verdict}: backend {current} -> {fresh.backend} "
-                        f"({fresh.reason}), effective at the next container start")
+    return Reannotation(
+        record,
+        replace(fresh, previous=current),
+        "Warning",
+        "NodeVerdictChanged",
+        f"node {record.node} verdict is now {verdict}: backend {current} -> {fresh.backend} "
+        f"({fresh.reason}), effective at the next container start",
+    )
 
 
 def is_stale(record: PodRecord) -> bool:
@@ -110,13 +121,20 @@ def multi_node_warning(record: PodRecord) -> str | None:
 
 
 # -- policy status ---------------------------------------------------------------------------------
-def _condition(previous: Sequence[Mapping[str, Any]], kind: str, status: bool, reason: str, message: str,
-               generation: int, now: str) -> dict[str, Any]:
+def _condition(
+    previous: Sequence[Mapping[str, Any]], kind: str, status: bool, reason: str, message: str, generation: int, now: str
+) -> dict[str, Any]:
     value = "True" if status else "False"
     old = next((c for c in previous if c.get("type") == kind), None)
     since = old.get("lastTransitionTime") if old and old.get("status") == value else None
-    return {"type": kind, "status": value, "reason": reason, "message": message,
-            "observedGeneration": generation, "lastTransitionTime": since or now}
+    return {
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since or now,
+    }
 
 
 def policy_status(
@@ -148,22 +166,36 @@ def policy_status(
     managed = outcome["decided"] + outcome["fallback"] + outcome["pending"]
     allowed = ", ".join(policy.backends)
     conditions = [
-        _condition(old_conditions, "Ready", True, "Active",
-                   f"{managed} pods managed; {counts['verified']} nodes verify one of: {allowed}",
-                   policy.generation, now),
-        _condition(old_conditions, "NoVerifiedNodes", counts["verified"] == 0,
-                   "NoVerifiedNodes" if counts["verified"] == 0 else "VerifiedNodesPresent",
-                   f"no node verifies any of: {allowed}; pods get {policy.fallback}" if counts["verified"] == 0
-                   else f"{counts['verified']} nodes verify one of: {allowed}",
-                   policy.generation, now),
+        _condition(
+            old_conditions,
+            "Ready",
+            True,
+            "Active",
+            f"{managed} pods managed; {counts['verified']} nodes verify one of: {allowed}",
+            policy.generation,
+            now,
+        ),
+        _condition(
+            old_conditions,
+            "NoVerifiedNodes",
+            counts["verified"] == 0,
+            "NoVerifiedNodes" if counts["verified"] == 0 else "VerifiedNodesPresent",
+            f"no node verifies any of: {allowed}; pods get {policy.fallback}"
+            if counts["verified"] == 0
+            else f"{counts['verified']} nodes verify one of: {allowed}",
+            policy.generation,
+            now,
+        ),
     ]
     return {"observedGeneration": policy.generation, "nodes": counts, "pods": outcome, "conditions": conditions}
 
 
 def invalid_status(generation: int, error: str, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
     old = list((previous or {}).get("conditions") or [])
-    return {"observedGeneration": generation,
-            "conditions": [_condition(old, "Ready", False, "InvalidSpec", error, generation, now)]}
+    return {
+        "observedGeneration": generation,
+        "conditions": [_condition(old, "Ready", False, "InvalidSpec", error, generation, now)],
+    }
 
 
 def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:

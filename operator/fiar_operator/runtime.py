@@ -39,8 +39,11 @@ class Event:
 
 
 def pod_ref(record: PodRecord) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": record.name, "namespace": record.namespace, "uid": record.uid}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": record.name, "namespace": record.namespace, "uid": record.uid},
+    }
 
 
 class StatusWriter:
@@ -87,12 +90,14 @@ class StatusWriter:
         policy = self.store.policies.get(name)
         now = self.clock()
         if policy is not None:
-            status = reconcile.policy_status(policy, dict(self.store.nodes), self.store.pods_of_policy(name),
-                                             previous, now)
+            status = reconcile.policy_status(
+                policy, dict(self.store.nodes), self.store.pods_of_policy(name), previous, now
+            )
         else:
             generation = int((obj.get("metadata") or {}).get("generation") or 0)
-            status = reconcile.invalid_status(generation, self.store.policy_errors.get(name, "invalid spec"),
-                                              previous, now)
+            status = reconcile.invalid_status(
+                generation, self.store.policy_errors.get(name, "invalid spec"), previous, now
+            )
         if reconcile.same_status(previous, status):
             return False
         self.store.put_policy(self.kube.patch_policy_status(name, status))
@@ -151,10 +156,15 @@ class Runtime:
         events: list[Event] = []
         if action is not None:
             try:
-                patched = self.kube.annotate_pod(record.namespace, record.name, record.uid, {
-                    contract.ANNOTATION_POD_BACKEND: action.decision.backend,
-                    contract.ANNOTATION_POD_DECISION: action.decision.to_json(),
-                })
+                patched = self.kube.annotate_pod(
+                    record.namespace,
+                    record.name,
+                    record.uid,
+                    {
+                        contract.ANNOTATION_POD_BACKEND: action.decision.backend,
+                        contract.ANNOTATION_POD_DECISION: action.decision.to_json(),
+                    },
+                )
             except ApiError as exc:
                 log.warning("pod %s/%s not re-annotated: %s", record.namespace, record.name, exc)
                 return []

@@ -64,8 +64,14 @@ class TlsFiles:
 
 
 class Server:
-    def __init__(self, admission: Admission, metrics: Metrics, settings: Settings, kube: Kube | None,
-                 ready: Callable[[], Mapping[str, bool]]) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        metrics: Metrics,
+        settings: Settings,
+        kube: Kube | None,
+        ready: Callable[[], Mapping[str, bool]],
+    ) -> None:
         self.admission, self.metrics, self.settings, self.kube = admission, metrics, settings, kube
         self.ready = ready
         self.tls = TlsFiles(str(settings.tls_cert), str(settings.tls_key)) if settings.tls_cert else None
@@ -98,12 +104,18 @@ class Server:
         self._loop = loop
         runners: list[web.AppRunner] = []
         try:
-            runners.append(loop.run_until_complete(self._site(self._webhook_app(), self.settings.webhook_host,
-                                                              self.settings.webhook_port, self.tls)))
+            runners.append(
+                loop.run_until_complete(
+                    self._site(self._webhook_app(), self.settings.webhook_host, self.settings.webhook_port, self.tls)
+                )
+            )
             self.port = _bound_port(runners[-1])
             if self.settings.metrics_port is not None:
-                runners.append(loop.run_until_complete(self._site(self._metrics_app(), self.settings.metrics_host,
-                                                                  self.settings.metrics_port, None)))
+                runners.append(
+                    loop.run_until_complete(
+                        self._site(self._metrics_app(), self.settings.metrics_host, self.settings.metrics_port, None)
+                    )
+                )
                 self.metrics_port = _bound_port(runners[-1])
             if self.tls is not None:
                 self._tasks.add(loop.create_task(self._watch_certificate()))
@@ -207,11 +219,14 @@ class Server:
             return None
         kube, timeout = self.kube, self.settings.read_timeout
         if need.kind == "pod":
+
             def call() -> dict[str, Any]:
                 return kube.get_pod(need.namespace, need.name, timeout=timeout)
         else:
+
             def call() -> dict[str, Any]:
                 return kube.get_namespace(need.namespace, timeout=timeout)
+
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.wait_for(loop.run_in_executor(self._pool, call), timeout=timeout + 0.05)

@@ -53,15 +53,24 @@ def configuration(
         if url is not None:
             return {"url": url.rstrip("/") + path, "caBundle": bundle}
         assert service is not None
-        return {"service": {"namespace": service[0], "name": service[1], "port": service[2], "path": path},
-                "caBundle": bundle}
+        return {
+            "service": {"namespace": service[0], "name": service[1], "port": service[2], "path": path},
+            "caBundle": bundle,
+        }
 
     def hook(hook_name: str, resource: str, path: str, timeout: int, reinvocation: str) -> dict[str, Any]:
         return {
             "name": hook_name,
             "clientConfig": client_config(path),
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": [resource], "scope": "Namespaced"}],
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": [resource],
+                    "scope": "Namespaced",
+                }
+            ],
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
             "failurePolicy": "Ignore",

@@ -45,8 +45,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 class Operator:
     """A ``fiar-operator run`` process serving webhooks on 127.0.0.1."""
 
-    def __init__(self, plane: ControlPlane, workdir: Path, selector_value: str,
-                 extra: tuple[str, ...] = ("--standalone",)) -> None:
+    def __init__(
+        self, plane: ControlPlane, workdir: Path, selector_value: str, extra: tuple[str, ...] = ("--standalone",)
+    ) -> None:
         assert plane.ca is not None
         self.plane, self.workdir = plane, workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -66,14 +67,37 @@ class Operator:
 
     def start(self) -> None:
         exe = Path(sys.executable).parent / "fiar-operator"
-        argv = [str(exe), "run", "--kubeconfig", str(self.plane.kubeconfig), *self.extra,
-                "--webhook-host", "127.0.0.1", "--webhook-port", str(self.port),
-                "--tls-cert", str(self.cert), "--tls-key", str(self.key),
-                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                "--status-interval", "0.3", "--verbose"]
+        argv = [
+            str(exe),
+            "run",
+            "--kubeconfig",
+            str(self.plane.kubeconfig),
+            *self.extra,
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(self.port),
+            "--tls-cert",
+            str(self.cert),
+            "--tls-key",
+            str(self.key),
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--status-interval",
+            "0.3",
+            "--verbose",
+        ]
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         wait_for(self.ready, 60, "operator /readyz")
 
     def ready(self) -> bool:
@@ -120,8 +144,9 @@ class Operator:
 
     def post(self, path: str, body: bytes) -> tuple[int, Any]:
         ctx = ssl.create_default_context(cafile=str(self.plane.ca_file))
-        request = urllib.request.Request(self.url + path, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=5, context=ctx) as resp:
                 return int(resp.status), json.loads(resp.read())
@@ -141,8 +166,12 @@ class Operator:
 
     def wait_active(self, namespace: str) -> None:
         """Wait until the API server calls this operator's pod webhook for ``namespace``."""
-        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
-                 "spec": {"containers": [{"name": "c", "image": "probe"}]}}
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"generateName": "probe-"},
+            "spec": {"containers": [{"name": "c", "image": "probe"}]},
+        }
 
         def called() -> bool:
             before = self.counter("fiar_admission_requests_total", webhook="pods")
@@ -158,8 +187,10 @@ def install_crd(plane: ControlPlane) -> None:
 
     def established() -> bool:
         doc = client.call("GET", f"{kube.CRDS}/{crd.definition()['metadata']['name']}")
-        return any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (doc.get("status") or {}).get("conditions") or [])
+        return any(
+            c.get("type") == "Established" and c.get("status") == "True"
+            for c in (doc.get("status") or {}).get("conditions") or []
+        )
 
     wait_for(established, 30, "CRD Established")
 
@@ -220,32 +251,48 @@ class Kit:
         return name
 
     def relabel(self, name: str, labels: dict[str, str | None]) -> None:
-        self.kube.call("PATCH", f"{kube.NODES}/{name}", body={"metadata": {"labels": labels}},
-                       content_type=kube.MERGE_PATCH)
+        self.kube.call(
+            "PATCH", f"{kube.NODES}/{name}", body={"metadata": {"labels": labels}}, content_type=kube.MERGE_PATCH
+        )
 
     def policy(self, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         """Create a policy limited to ``namespace`` and wait until the operator has observed it."""
         spec.setdefault("podSelector", {"matchLabels": {"app": "vllm"}})
         spec.setdefault("namespaceSelector", {"matchLabels": {"kubernetes.io/metadata.name": namespace}})
-        body = {"apiVersion": "fiar.io/v1alpha1", "kind": "FiAllreducePolicy", "metadata": {"name": name},
-                "spec": spec}
+        body = {"apiVersion": "fiar.io/v1alpha1", "kind": "FiAllreducePolicy", "metadata": {"name": name}, "spec": spec}
         created = self.kube.call("POST", kube.POLICIES, body=body)
         self.policies.append(name)
         generation = created["metadata"]["generation"]
-        wait_for(lambda: (self.get_policy(name).get("status") or {}).get("observedGeneration") == generation,
-                 30, f"policy {name} observed by the operator")
+        wait_for(
+            lambda: (self.get_policy(name).get("status") or {}).get("observedGeneration") == generation,
+            30,
+            f"policy {name} observed by the operator",
+        )
         return created
 
     def get_policy(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = self.kube.call("GET", f"{kube.POLICIES}/{name}")
         return doc
 
-    def pod(self, namespace: str, name: str, *containers: dict[str, Any], labels: dict[str, str] | None = None,
-            annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-        body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": labels or {"app": "vllm"}, "annotations": annotations or {}},
-                "spec": {"containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                         "nodeSelector": {f"pool-{self.unique}": "gpu"}, **spec}}
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        *containers: dict[str, Any],
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        **spec: Any,
+    ) -> dict[str, Any]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {"app": "vllm"}, "annotations": annotations or {}},
+            "spec": {
+                "containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}],
+                "nodeSelector": {f"pool-{self.unique}": "gpu"},
+                **spec,
+            },
+        }
         created: dict[str, Any] = self.kube.call("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
         return created
 
@@ -254,17 +301,20 @@ class Kit:
         items: list[dict[str, Any]] = doc["items"]
         return items
 
-    def running(self, namespace: str, count: int, selector: str | None = None, timeout: float = 60) -> list[
-            dict[str, Any]]:
+    def running(
+        self, namespace: str, count: int, selector: str | None = None, timeout: float = 60
+    ) -> list[dict[str, Any]]:
         def check() -> list[dict[str, Any]] | None:
             pods = [p for p in self.pods(namespace, selector) if (p.get("status") or {}).get("phase") == "Running"]
             return pods if len(pods) >= count else None
+
         result: list[dict[str, Any]] = wait_for(check, timeout, f"{count} running pods in {namespace}")
         return result
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        doc = self.kube.call("GET", f"/api/v1/namespaces/{namespace}/events",
-                             {"fieldSelector": f"involvedObject.name={name}"})
+        doc = self.kube.call(
+            "GET", f"/api/v1/namespaces/{namespace}/events", {"fieldSelector": f"involvedObject.name={name}"}
+        )
         items: list[dict[str, Any]] = doc["items"]
         return items
 

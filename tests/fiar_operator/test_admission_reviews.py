@@ -15,9 +15,10 @@ from fiar_operator.errors import ReviewError
 from fiar_operator.metrics import Metrics
 from fiar_operator.store import Store
 
-POLICY = {"metadata": {"name": "vllm", "resourceVersion": "1"},
-          "spec": {"podSelector": {"matchLabels": {"app": "vllm"}},
-                   "namespaceSelector": {"matchLabels": {"gpu": "yes"}}}}
+POLICY = {
+    "metadata": {"name": "vllm", "resourceVersion": "1"},
+    "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}, "namespaceSelector": {"matchLabels": {"gpu": "yes"}}},
+}
 
 
 @pytest.fixture
@@ -37,24 +38,41 @@ def admission(store: Store) -> Admission:
 
 
 def review(request: dict[str, Any]) -> bytes:
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                       "request": {"uid": "r-1", **request}}).encode()
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "r-1", **request}}
+    ).encode()
 
 
-def create(namespace: str = "ml", labels: dict[str, str] | None = None, dry_run: bool = False,
-           name: str | None = None) -> bytes:
+def create(
+    namespace: str = "ml", labels: dict[str, str] | None = None, dry_run: bool = False, name: str | None = None
+) -> bytes:
     meta: dict[str, Any] = {"labels": labels if labels is not None else {"app": "vllm"}}
     meta.update({"name": name} if name else {"generateName": "vllm-7d9f-"})
-    return review({"operation": "CREATE", "namespace": namespace, "dryRun": dry_run,
-                   "resource": {"group": "", "version": "v1", "resource": "pods"},
-                   "object": {"metadata": meta, "spec": {"containers": [{"name": "vllm"}]}}})
+    return review(
+        {
+            "operation": "CREATE",
+            "namespace": namespace,
+            "dryRun": dry_run,
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": {"metadata": meta, "spec": {"containers": [{"name": "vllm"}]}},
+        }
+    )
 
 
 def bind(name: str, node: str = "gpu-a", namespace: str = "ml", uid: str = "u-1") -> bytes:
-    return review({"operation": "CREATE", "namespace": namespace, "name": name, "subResource": "binding",
-                   "resource": {"group": "", "version": "v1", "resource": "pods"},
-                   "object": {"metadata": {"name": name, "namespace": namespace, "uid": uid},
-                              "target": {"kind": "Node", "name": node}}})
+    return review(
+        {
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": name,
+            "subResource": "binding",
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": {
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "target": {"kind": "Node", "name": node},
+            },
+        }
+    )
 
 
 def ops(answer: Any) -> list[dict[str, Any]]:
@@ -91,23 +109,37 @@ def test_malformed_envelopes_raise_review_errors(body: bytes, message: str) -> N
         parse_review(body)
 
 
-@pytest.mark.parametrize("request_", [
-    {"operation": "CREATE"},
-    {"operation": "CREATE", "object": "pod"},
-    {"operation": "DELETE", "object": {}},
-    {"operation": "CREATE", "object": {"metadata": None, "spec": None}, "namespace": "ml"},
-    {"operation": "CREATE", "object": {"metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": "x"}},
-     "namespace": "ml"},
-], ids=["no-object", "object-not-dict", "delete", "null-fields", "containers-not-list"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"operation": "CREATE"},
+        {"operation": "CREATE", "object": "pod"},
+        {"operation": "DELETE", "object": {}},
+        {"operation": "CREATE", "object": {"metadata": None, "spec": None}, "namespace": "ml"},
+        {
+            "operation": "CREATE",
+            "object": {"metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": "x"}},
+            "namespace": "ml",
+        },
+    ],
+    ids=["no-object", "object-not-dict", "delete", "null-fields", "containers-not-list"],
+)
 def test_partial_pod_reviews_are_allowed_unchanged(admission: Admission, request_: dict[str, Any]) -> None:
     assert ops(admission.pod_create(parse_review(review(request_)))) == []
 
 
 def test_partial_binding_reviews_are_allowed_unchanged(admission: Admission) -> None:
-    for request_ in ({"subResource": "binding", "operation": "CREATE", "object": {"target": {}}},
-                     {"subResource": "binding", "operation": "CREATE", "namespace": "ml", "name": "x",
-                      "object": {"metadata": {}, "target": {"name": 7}}},
-                     {"subResource": "status", "operation": "CREATE", "object": {}}):
+    for request_ in (
+        {"subResource": "binding", "operation": "CREATE", "object": {"target": {}}},
+        {
+            "subResource": "binding",
+            "operation": "CREATE",
+            "namespace": "ml",
+            "name": "x",
+            "object": {"metadata": {}, "target": {"name": 7}},
+        },
+        {"subResource": "status", "operation": "CREATE", "object": {}},
+    ):
         assert ops(admission.binding(parse_review(review(request_)))) == []
 
 
@@ -123,8 +155,15 @@ def test_binding_of_a_pod_admitted_here_is_decided_from_memory(admission: Admiss
     annotations = binding_annotations(admission.binding(parse_review(bind("vllm-7d9f-x2k4q"))))
     assert annotations[contract.ANNOTATION_POD_BACKEND] == "mnnvl"
     decision = json.loads(annotations[contract.ANNOTATION_POD_DECISION])
-    assert decision == {"backend": "mnnvl", "node": "gpu-a", "nodeVerdict": "mnnvl", "policy": "vllm",
-                        "reason": "Verified", "trigger": "binding", "time": "2026-05-01T10:00:00Z"}
+    assert decision == {
+        "backend": "mnnvl",
+        "node": "gpu-a",
+        "nodeVerdict": "mnnvl",
+        "policy": "vllm",
+        "reason": "Verified",
+        "trigger": "binding",
+        "time": "2026-05-01T10:00:00Z",
+    }
     assert store.sizes()["admission_memo"] == 1
 
 
@@ -136,8 +175,17 @@ def test_binding_to_an_unverified_node_gets_the_fallback(admission: Admission) -
 
 
 def test_binding_of_a_pod_seen_by_the_watch_uses_the_index(admission: Admission, store: Store) -> None:
-    store.put_pod({"metadata": {"name": "seen", "namespace": "ml", "uid": "u-1",
-                                "labels": {contract.LABEL_POD_POLICY: "vllm"}}, "spec": {}})
+    store.put_pod(
+        {
+            "metadata": {
+                "name": "seen",
+                "namespace": "ml",
+                "uid": "u-1",
+                "labels": {contract.LABEL_POD_POLICY: "vllm"},
+            },
+            "spec": {},
+        }
+    )
     annotations = binding_annotations(admission.binding(parse_review(bind("seen"))))
     assert annotations[contract.ANNOTATION_POD_BACKEND] == "mnnvl"
 
@@ -151,8 +199,15 @@ def test_unmanaged_pods_pass_untouched_without_a_read(admission: Admission) -> N
 def test_unknown_pod_in_a_covered_namespace_asks_for_a_bounded_read(admission: Admission) -> None:
     first = admission.binding(parse_review(bind("stranger")))
     assert first == Need("pod", "ml", "stranger")
-    fetched = {"metadata": {"name": "stranger", "namespace": "ml", "uid": "u-1",
-                            "labels": {contract.LABEL_POD_POLICY: "vllm"}}, "spec": {}}
+    fetched = {
+        "metadata": {
+            "name": "stranger",
+            "namespace": "ml",
+            "uid": "u-1",
+            "labels": {contract.LABEL_POD_POLICY: "vllm"},
+        },
+        "spec": {},
+    }
     again = admission.binding(parse_review(bind("stranger")), fetched=fetched, can_read=False)
     assert binding_annotations(again)[contract.ANNOTATION_POD_BACKEND] == "mnnvl"
     failed = admission.binding(parse_review(bind("gone")), fetched=None, can_read=False)
@@ -191,7 +246,8 @@ def test_no_policies_means_no_work(store: Store) -> None:
 def test_warnings_reach_the_client(admission: Admission) -> None:
     body = json.loads(create())
     body["request"]["object"]["spec"]["containers"] = [
-        {"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "trtllm"}]}]
+        {"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "trtllm"}]}
+    ]
     answer = admission.pod_create(parse_review(json.dumps(body).encode()))
     assert isinstance(answer, dict)
     assert any(w.startswith("fiar: ") and "left alone" in w for w in answer["response"]["warnings"])

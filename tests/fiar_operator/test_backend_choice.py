@@ -41,8 +41,17 @@ def node(verdict: str | None, trtllm: str | None = None, clique: str | None = No
         (node("mnnvl", trtllm="pass"), ["trtllm", "mnnvl"], ("trtllm", "Verified")),
         (node("trtllm"), ["mnnvl"], ("auto", "NotVerified")),
     ],
-    ids=["mnnvl", "trtllm", "none", "unprobed", "bad-case", "mnnvl-only-not-trtllm", "mnnvl-and-trtllm-pass",
-         "preference-order", "trtllm-node-mnnvl-policy"],
+    ids=[
+        "mnnvl",
+        "trtllm",
+        "none",
+        "unprobed",
+        "bad-case",
+        "mnnvl-only-not-trtllm",
+        "mnnvl-and-trtllm-pass",
+        "preference-order",
+        "trtllm-node-mnnvl-policy",
+    ],
 )
 def test_pod_gets_first_allowed_backend_its_node_verified(
     labels: dict[str, str], backends: list[str], expected: tuple[str, str]
@@ -59,8 +68,15 @@ def test_unknown_node_gets_the_fallback() -> None:
 def test_decision_annotation_names_node_verdict_policy_and_reason() -> None:
     decision = decide(policy(), "gpu-1", node("trtllm"), time="2026-01-01T00:00:00Z")
     doc = json.loads(decision.to_json())
-    assert doc == {"backend": "trtllm", "node": "gpu-1", "nodeVerdict": "trtllm", "policy": "p",
-                   "reason": "Verified", "trigger": "binding", "time": "2026-01-01T00:00:00Z"}
+    assert doc == {
+        "backend": "trtllm",
+        "node": "gpu-1",
+        "nodeVerdict": "trtllm",
+        "policy": "p",
+        "reason": "Verified",
+        "trigger": "binding",
+        "time": "2026-01-01T00:00:00Z",
+    }
     assert parse_decision(decision.to_json()) == doc
     assert parse_decision("not json") is None and parse_decision("[1]") is None
 

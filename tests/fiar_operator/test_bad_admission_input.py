@@ -31,12 +31,28 @@ PARTIAL_REQUESTS = [
     {"uid": "u1"},
     {"uid": "u2", "operation": "CREATE", "object": None},
     {"uid": "u3", "operation": "CREATE", "namespace": "x", "object": {"metadata": "oops", "spec": []}},
-    {"uid": "u4", "operation": "CREATE", "namespace": "x",
-     "object": {"metadata": {"labels": {"app": 1}}, "spec": {"containers": [None, 3, {"env": "x"}]}}},
-    {"uid": "u5", "operation": "CREATE", "subResource": "binding", "name": "p", "namespace": "x",
-     "object": {"target": None}},
-    {"uid": "u6", "operation": "CREATE", "subResource": "binding", "name": "p", "namespace": "x",
-     "object": {"metadata": {"uid": []}, "target": {"name": "n"}}},
+    {
+        "uid": "u4",
+        "operation": "CREATE",
+        "namespace": "x",
+        "object": {"metadata": {"labels": {"app": 1}}, "spec": {"containers": [None, 3, {"env": "x"}]}},
+    },
+    {
+        "uid": "u5",
+        "operation": "CREATE",
+        "subResource": "binding",
+        "name": "p",
+        "namespace": "x",
+        "object": {"target": None},
+    },
+    {
+        "uid": "u6",
+        "operation": "CREATE",
+        "subResource": "binding",
+        "name": "p",
+        "namespace": "x",
+        "object": {"metadata": {"uid": []}, "target": {"name": "n"}},
+    },
 ]
 
 

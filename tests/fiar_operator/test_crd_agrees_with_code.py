@@ -25,8 +25,11 @@ def test_names_come_from_the_contract() -> None:
     assert doc["metadata"]["name"] == f"{contract.PLURAL}.{contract.GROUP}"
     assert doc["spec"]["group"] == contract.GROUP and doc["spec"]["scope"] == "Cluster"
     names = doc["spec"]["names"]
-    assert (names["plural"], names["kind"], names["shortNames"]) == (contract.PLURAL, contract.KIND,
-                                                                       [contract.SHORT_NAME])
+    assert (names["plural"], names["kind"], names["shortNames"]) == (
+        contract.PLURAL,
+        contract.KIND,
+        [contract.SHORT_NAME],
+    )
     version = doc["spec"]["versions"][0]
     assert version["name"] == contract.VERSION and version["subresources"] == {"status": {}}
 
@@ -55,8 +58,11 @@ def test_printer_columns_show_mode_backends_node_verdicts_and_pod_outcomes() -> 
     assert columns["Mode"] == ".spec.mode" and columns["Backends"] == ".spec.backends"
     verdicts = {f".status.nodes.{v}" for v in contract.BACKEND_VERDICTS}
     assert {columns[v] for v in ("MNNVL", "TRTLLM", "None")} == verdicts
-    assert {columns[v] for v in ("Decided", "Fallback", "Stale")} == {".status.pods.decided", ".status.pods.fallback",
-                                                                     ".status.pods.stale"}
+    assert {columns[v] for v in ("Decided", "Fallback", "Stale")} == {
+        ".status.pods.decided",
+        ".status.pods.fallback",
+        ".status.pods.stale",
+    }
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 

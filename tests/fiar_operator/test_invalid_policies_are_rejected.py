@@ -21,20 +21,26 @@ INVALID = [
     ({"podSelector": SELECTOR, "fallbackBackend": "TRTLLM"}, 'spec.fallbackBackend: Unsupported value: "TRTLLM"'),
     ({"backends": ["trtllm"]}, "spec.podSelector: Required value"),
     ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}, "operators In and NotIn need values"),
-    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}},
-     "Exists and DoesNotExist take none"),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}},
+        "Exists and DoesNotExist take none",
+    ),
     ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "Near"}]}}, 'Unsupported value: "Near"'),
     ({"podSelector": {"matchLabels": {"bad key!": "x"}}}, "matchLabels keys must be label keys"),
     ({"podSelector": {"matchLabels": {"app": "-bad-"}}}, "matchLabels values must be label values"),
-    ({"podSelector": SELECTOR, "namespaceSelector": {"matchLabels": {"team/": "x"}}},
-     "matchLabels keys must be label keys"),
+    (
+        {"podSelector": SELECTOR, "namespaceSelector": {"matchLabels": {"team/": "x"}}},
+        "matchLabels keys must be label keys",
+    ),
     ({"podSelector": SELECTOR, "mode": "Dry"}, 'spec.mode: Unsupported value: "Dry"'),
-    ({"podSelector": SELECTOR, "placement": "Somewhere"}, 'spec.placement: Unsupported value'),
+    ({"podSelector": SELECTOR, "placement": "Somewhere"}, "spec.placement: Unsupported value"),
     ({"podSelector": SELECTOR, "priority": 5000}, "spec.priority: Invalid value"),
     ({"podSelector": SELECTOR, "containers": ["VLLM"]}, "spec.containers[0]"),
     ({"podSelector": SELECTOR, "containers": []}, "spec.containers"),
-    ({"podSelector": SELECTOR, "multiNode": "Always", "placement": "VerifiedNodesOnly", "backends": ["trtllm"]},
-     "needs mnnvl in spec.backends"),
+    (
+        {"podSelector": SELECTOR, "multiNode": "Always", "placement": "VerifiedNodesOnly", "backends": ["trtllm"]},
+        "needs mnnvl in spec.backends",
+    ),
     ({"podSelector": SELECTOR, "groupKeyLabel": "not a label"}, "groupKeyLabel must be a label key"),
 ]
 
@@ -46,8 +52,9 @@ def _create(client: kube.Kube, name: str, spec: dict[str, Any]) -> dict[str, Any
 
 
 @pytest.mark.parametrize(("spec", "message"), INVALID, ids=[m for _, m in INVALID])
-def test_invalid_policy_is_rejected_with_a_readable_message(crd_c: Any, unique: str, spec: dict[str, Any],
-                                                            message: str) -> None:
+def test_invalid_policy_is_rejected_with_a_readable_message(
+    crd_c: Any, unique: str, spec: dict[str, Any], message: str
+) -> None:
     client = kube.Kube(crd_c.api_client())
     with pytest.raises(ApiError) as err:
         _create(client, f"bad-{unique}", spec)
@@ -67,9 +74,17 @@ def test_valid_policy_is_stored_with_defaults(crd_c: Any, unique: str) -> None:
     created = _create(client, f"good-{unique}", {"podSelector": SELECTOR})
     try:
         assert created["spec"] == {
-            "podSelector": SELECTOR, "namespaceSelector": {}, "containers": ["*"], "backends": ["mnnvl", "trtllm"],
-            "fallbackBackend": "auto", "placement": "Anywhere", "respectExplicitEnv": True, "mode": "Enforce",
-            "priority": 0, "multiNode": "Auto", "groupKeyLabel": "leaderworkerset.sigs.k8s.io/group-key",
+            "podSelector": SELECTOR,
+            "namespaceSelector": {},
+            "containers": ["*"],
+            "backends": ["mnnvl", "trtllm"],
+            "fallbackBackend": "auto",
+            "placement": "Anywhere",
+            "respectExplicitEnv": True,
+            "mode": "Enforce",
+            "priority": 0,
+            "multiNode": "Auto",
+            "groupKeyLabel": "leaderworkerset.sigs.k8s.io/group-key",
         }
         by_short_name = client.call("GET", kube.POLICIES)
         assert any(p["metadata"]["name"] == f"good-{unique}" for p in by_short_name["items"])

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.controlplane
 
 
 def lws_pod(kit: Any, namespace: str, name: str, group: str) -> dict[str, Any]:
-    created: dict[str, Any] = kit.pod(namespace, name, labels={"app": "vllm", LWS_GROUP_KEY: group},
-                                      annotations={LWS_SIZE: "2"})
+    created: dict[str, Any] = kit.pod(
+        namespace, name, labels={"app": "vllm", LWS_GROUP_KEY: group}, annotations={LWS_SIZE: "2"}
+    )
     return created
 
 
@@ -27,8 +28,10 @@ def test_group_is_kept_in_one_clique_and_gets_mnnvl(kit: Any, namespace: str) ->
     kit.node(f"t1-{kit.unique}", "trtllm", **{contract.LABEL_CLIQUE: clique_a})
     kit.policy(f"group-{kit.unique}", namespace, placement="VerifiedNodesOnly")
     created = lws_pod(kit, namespace, "lws-0", "g1")
-    assert created["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
-        "topologyKey"] == contract.LABEL_CLIQUE
+    assert (
+        created["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"]
+        == contract.LABEL_CLIQUE
+    )
     lws_pod(kit, namespace, "lws-0-1", "g1")
     pods = kit.running(namespace, 2)
     nodes = {p["spec"]["nodeName"] for p in pods}

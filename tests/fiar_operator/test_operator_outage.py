@@ -16,8 +16,10 @@ pytestmark = pytest.mark.controlplane
 
 
 def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
-    private_plane: Callable[[Tier], ControlPlane], start_operator: Callable[[ControlPlane, str], Any],
-    make_kit: Callable[[ControlPlane, str], Any], unique: str,
+    private_plane: Callable[[Tier], ControlPlane],
+    start_operator: Callable[[ControlPlane, str], Any],
+    make_kit: Callable[[ControlPlane, str], Any],
+    unique: str,
 ) -> None:
     plane = private_plane(Tier.C)
     operator = start_operator(plane, unique)
@@ -31,16 +33,35 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     assert no_nodes["status"] == "True" and "pods get trtllm" in no_nodes["message"]
 
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm"},
-        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "vllm"}}, "template": {
-            "metadata": {"labels": {"app": "vllm"}},
-            "spec": {"nodeSelector": {f"pool-{unique}": "gpu"},
-                     "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {
+                    "nodeSelector": {f"pool-{unique}": "gpu"},
+                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
+                },
+            },
+        },
     }
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
-    pending = kit.wait(lambda: [p for p in kit.pods(namespace, "app=vllm")
-                                if contract.ANNOTATION_POD_BACKEND in p["metadata"].get("annotations", {})]
-                       if len(kit.pods(namespace, "app=vllm")) == 3 else None, 60, "three admitted pods")
+    pending = kit.wait(
+        lambda: (
+            [
+                p
+                for p in kit.pods(namespace, "app=vllm")
+                if contract.ANNOTATION_POD_BACKEND in p["metadata"].get("annotations", {})
+            ]
+            if len(kit.pods(namespace, "app=vllm")) == 3
+            else None
+        ),
+        60,
+        "three admitted pods",
+    )
     assert all(p["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND] == "trtllm" for p in pending)
 
     operator.stop()
@@ -63,11 +84,16 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     kit.wait(decided, 30, "pods decided after the operator came back")
     for pod in kit.pods(namespace, "app=vllm"):
         decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
-        assert (decision["trigger"], decision["previous"], decision["reason"]) == ("reconcile", "trtllm",
-                                                                                   "Verified")
-        kit.wait(lambda pod=pod: [e for e in kit.events(namespace, pod["metadata"]["name"])
-                                  if e["reason"] == "DecidedAfterBinding" and e["type"] == "Warning"],
-                 30, "DecidedAfterBinding event")
+        assert (decision["trigger"], decision["previous"], decision["reason"]) == ("reconcile", "trtllm", "Verified")
+        kit.wait(
+            lambda pod=pod: [
+                e
+                for e in kit.events(namespace, pod["metadata"]["name"])
+                if e["reason"] == "DecidedAfterBinding" and e["type"] == "Warning"
+            ],
+            30,
+            "DecidedAfterBinding event",
+        )
 
     def reported() -> dict[str, Any] | None:
         status = kit.get_policy(policy).get("status") or {}

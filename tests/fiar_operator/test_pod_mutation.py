@@ -20,15 +20,23 @@ def policy(**spec: Any) -> Policy:
     return parse_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, **spec}})
 
 
-def pod(*containers: dict[str, Any], labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-        **spec: Any) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any],
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"generateName": "vllm-", "namespace": "ml"}
     if labels is not None:
         meta["labels"] = labels
     if annotations is not None:
         meta["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}], **spec},
+    }
 
 
 def mutated(source: dict[str, Any], chosen: Policy, nodes: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
@@ -65,10 +73,14 @@ def test_reinvocation_adds_nothing() -> None:
     assert [e["name"] for e in env_of(once)].count(contract.ENV_VAR) == 1
 
 
-@pytest.mark.parametrize("explicit", [
-    {"name": contract.ENV_VAR, "value": "trtllm"},
-    {"name": contract.ENV_VAR, "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "backend"}}},
-], ids=["value", "valueFrom"])
+@pytest.mark.parametrize(
+    "explicit",
+    [
+        {"name": contract.ENV_VAR, "value": "trtllm"},
+        {"name": contract.ENV_VAR, "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "backend"}}},
+    ],
+    ids=["value", "valueFrom"],
+)
 def test_container_that_sets_the_variable_is_left_alone(explicit: dict[str, Any]) -> None:
     source = pod({"name": "vllm", "env": [explicit]}, {"name": "vllm-worker"})
     plan = plan_pod_create(source, policy(), {})
@@ -86,8 +98,16 @@ def test_pod_whose_only_container_sets_the_variable_is_not_managed() -> None:
 
 
 def test_explicit_env_is_replaced_when_not_respected_and_duplicates_removed() -> None:
-    source = pod({"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "mnnvl"}, {"name": "X", "value": "1"},
-                                          {"name": contract.ENV_VAR, "value": "trtllm"}]})
+    source = pod(
+        {
+            "name": "vllm",
+            "env": [
+                {"name": contract.ENV_VAR, "value": "mnnvl"},
+                {"name": "X", "value": "1"},
+                {"name": contract.ENV_VAR, "value": "trtllm"},
+            ],
+        }
+    )
     out = mutated(source, policy(respectExplicitEnv=False))
     assert [e["name"] for e in env_of(out)] == [contract.ENV_VAR, "X"]
     assert env_of(out)[0]["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH
@@ -113,15 +133,27 @@ def test_pod_created_with_node_name_is_decided_at_once() -> None:
     out = mutated(pod(nodeName="gpu-7"), policy(), nodes)
     assert out["metadata"]["annotations"][BACKEND_KEY] == "trtllm"
     decision = json.loads(out["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
-    assert decision == {"backend": "trtllm", "node": "gpu-7", "nodeVerdict": "trtllm", "policy": "vllm",
-                        "reason": "Verified", "trigger": "create"}
+    assert decision == {
+        "backend": "trtllm",
+        "node": "gpu-7",
+        "nodeVerdict": "trtllm",
+        "policy": "vllm",
+        "reason": "Verified",
+        "trigger": "create",
+    }
 
 
 def test_verified_nodes_only_adds_the_requirement_to_every_existing_term() -> None:
-    terms = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
-             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
-    source = pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": terms}}, "podAntiAffinity": {"x": 1}})
+    terms = [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+    ]
+    source = pod(
+        affinity={
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
+            "podAntiAffinity": {"x": 1},
+        }
+    )
     out = mutated(source, policy(placement="VerifiedNodesOnly", backends=["trtllm"]))
     merged = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     wanted = {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["trtllm"]}
@@ -135,9 +167,11 @@ def test_verified_nodes_only_adds_the_requirement_to_every_existing_term() -> No
 def test_verified_nodes_only_without_affinity_creates_one_term() -> None:
     out = mutated(pod(), policy(placement="VerifiedNodesOnly"))
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": contract.LABEL_BACKEND, "operator": "In",
-                                            "values": ["mnnvl", "trtllm"]}]}]
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [{"key": contract.LABEL_BACKEND, "operator": "In", "values": ["mnnvl", "trtllm"]}]}
+    ]
 
 
 def lws_pod(key: str = "g-1") -> dict[str, Any]:
@@ -151,7 +185,8 @@ def test_multi_pod_group_is_pinned_to_mnnvl_nodes_of_one_clique() -> None:
     assert {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["mnnvl"]} in term["matchExpressions"]
     assert {"key": contract.LABEL_CLIQUE, "operator": "Exists"} in term["matchExpressions"]
     assert affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
-        {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: "g-1"}}, "topologyKey": contract.LABEL_CLIQUE}]
+        {"labelSelector": {"matchLabels": {LWS_GROUP_KEY: "g-1"}}, "topologyKey": contract.LABEL_CLIQUE}
+    ]
 
 
 def test_multi_pod_group_without_mnnvl_allowed_is_warned() -> None:

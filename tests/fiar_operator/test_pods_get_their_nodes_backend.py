@@ -33,18 +33,31 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
     kit.policy(f"deploy-{kit.unique}", namespace)
     replicas = 9
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm"},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "vllm"}}, "template": {
-            "metadata": {"labels": {"app": "vllm"}},
-            "spec": {
-                "nodeSelector": {f"pool-{kit.unique}": "gpu"},
-                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                               "whenUnsatisfiable": "DoNotSchedule",
-                                               "labelSelector": {"matchLabels": {"app": "vllm"}}}],
-                "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest"},
-                               {"name": "sidecar", "image": "busybox"}],
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {
+                    "nodeSelector": {f"pool-{kit.unique}": "gpu"},
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule",
+                            "labelSelector": {"matchLabels": {"app": "vllm"}},
+                        }
+                    ],
+                    "containers": [
+                        {"name": "vllm", "image": "vllm/vllm-openai:latest"},
+                        {"name": "sidecar", "image": "busybox"},
+                    ],
+                },
             },
-        }},
+        },
     }
     reads_before = operator.counter("fiar_binding_pod_lookups_total", source="read")
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
@@ -55,8 +68,11 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
         notes = annotations(pod)
         assert notes[contract.ANNOTATION_POD_BACKEND] == ("auto" if verdicts[node] == "none" else verdicts[node])
         decision = json.loads(notes[contract.ANNOTATION_POD_DECISION])
-        assert (decision["node"], decision["nodeVerdict"], decision["policy"]) == (node, verdicts[node],
-                                                                                   f"deploy-{kit.unique}")
+        assert (decision["node"], decision["nodeVerdict"], decision["policy"]) == (
+            node,
+            verdicts[node],
+            f"deploy-{kit.unique}",
+        )
         assert decision["trigger"] == "binding"
         for index in (0, 1):
             entry = env_entry(pod, index)

@@ -81,8 +81,12 @@ def test_pod_created_on_a_named_node_is_decided_at_creation(kit: Any, namespace:
 
 def test_dry_run_create_returns_the_mutation_and_creates_nothing(kit: Any, namespace: str) -> None:
     kit.policy(f"dry-{kit.unique}", namespace)
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dry", "labels": {"app": "vllm"}},
-            "spec": {"containers": [{"name": "vllm", "image": "v"}]}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "dry", "labels": {"app": "vllm"}},
+        "spec": {"containers": [{"name": "vllm", "image": "v"}]},
+    }
     answer = kit.kube.call("POST", f"/api/v1/namespaces/{namespace}/pods", {"dryRun": "All"}, body=body)
     assert env(answer)[0]["name"] == contract.ENV_VAR
     assert kit.pods(namespace, "app=vllm") == []

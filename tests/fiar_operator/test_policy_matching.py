@@ -11,11 +11,19 @@ from fiar_operator.policy import Policy, covers_namespace, parse_policy, select_
 from fiar_operator.selectors import LabelSelector, Requirement, parse_label_selector
 
 
-def policy(name: str, priority: int = 0, pods: dict[str, Any] | None = None,
-           namespaces: dict[str, Any] | None = None) -> Policy:
-    return parse_policy({"metadata": {"name": name}, "spec": {
-        "podSelector": pods if pods is not None else {"matchLabels": {"app": "vllm"}},
-        "namespaceSelector": namespaces or {}, "priority": priority}})
+def policy(
+    name: str, priority: int = 0, pods: dict[str, Any] | None = None, namespaces: dict[str, Any] | None = None
+) -> Policy:
+    return parse_policy(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "podSelector": pods if pods is not None else {"matchLabels": {"app": "vllm"}},
+                "namespaceSelector": namespaces or {},
+                "priority": priority,
+            },
+        }
+    )
 
 
 def test_highest_priority_wins_among_matching_policies() -> None:
@@ -54,8 +62,9 @@ def test_namespace_selector_limits_a_policy_to_matching_namespaces() -> None:
     ],
     ids=["in", "in-absent", "notin-absent", "notin-present", "exists", "doesnotexist"],
 )
-def test_match_expressions_follow_kubernetes_semantics(expr: dict[str, Any], labels: dict[str, str],
-                                                      expected: bool) -> None:
+def test_match_expressions_follow_kubernetes_semantics(
+    expr: dict[str, Any], labels: dict[str, str], expected: bool
+) -> None:
     assert parse_label_selector({"matchExpressions": [expr]}, "s").matches(labels) is expected
 
 

@@ -22,34 +22,59 @@ def verdict(value: str, **extra: str) -> dict[str, str]:
     return {contract.LABEL_BACKEND: value, **extra}
 
 
-def bound(node: str, backend: str, decision: Decision | dict[str, Any] | None, started: str = "2026-05-01T11:00:00Z",
-          labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-          name: str = "p-1") -> PodRecord:
+def bound(
+    node: str,
+    backend: str,
+    decision: Decision | dict[str, Any] | None,
+    started: str = "2026-05-01T11:00:00Z",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    name: str = "p-1",
+) -> PodRecord:
     notes = {contract.ANNOTATION_POD_BACKEND: backend, **(annotations or {})}
     if isinstance(decision, Decision):
         notes[contract.ANNOTATION_POD_DECISION] = decision.to_json()
     elif decision is not None:
         notes[contract.ANNOTATION_POD_DECISION] = json.dumps(decision)
-    return pod_record({
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "annotations": notes,
-                     "labels": {contract.LABEL_POD_POLICY: "vllm", **(labels or {})}},
-        "spec": {"nodeName": node, "containers": [{"name": "vllm"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "vllm", "state": {"running": {"startedAt": started}}}]},
-    })
+    return pod_record(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "uid": f"uid-{name}",
+                "annotations": notes,
+                "labels": {contract.LABEL_POD_POLICY: "vllm", **(labels or {})},
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "vllm"}]},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [{"name": "vllm", "state": {"running": {"startedAt": started}}}],
+            },
+        }
+    )
 
 
 def at_binding(node: str, backend: str, node_verdict: str, reason: str = "Verified") -> dict[str, Any]:
-    return {"backend": backend, "node": node, "nodeVerdict": node_verdict, "policy": "vllm", "reason": reason,
-            "trigger": "binding", "time": "2026-05-01T10:59:59Z"}
+    return {
+        "backend": backend,
+        "node": node,
+        "nodeVerdict": node_verdict,
+        "policy": "vllm",
+        "reason": reason,
+        "trigger": "binding",
+        "time": "2026-05-01T10:59:59Z",
+    }
 
 
 def test_pod_whose_backend_is_no_longer_verified_is_reannotated() -> None:
     pod = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"))
     action = review_pod(pod, policy(), {"a": verdict("trtllm")}, now=NOW)
     assert action is not None and action.event_type == "Warning" and action.event_reason == "NodeVerdictChanged"
-    assert (action.decision.backend, action.decision.previous, action.decision.trigger) == ("trtllm", "mnnvl",
-                                                                                            "reconcile")
+    assert (action.decision.backend, action.decision.previous, action.decision.trigger) == (
+        "trtllm",
+        "mnnvl",
+        "reconcile",
+    )
     assert "next container start" in action.message
 
 
@@ -73,8 +98,14 @@ def test_fallback_pod_is_upgraded_once_its_node_is_verified() -> None:
 
 
 def test_pod_bound_while_the_operator_was_down_is_decided_and_reported() -> None:
-    pending = {"backend": "auto", "policy": "vllm", "reason": "Pending", "trigger": "create", "node": None,
-               "nodeVerdict": None}
+    pending = {
+        "backend": "auto",
+        "policy": "vllm",
+        "reason": "Pending",
+        "trigger": "create",
+        "node": None,
+        "nodeVerdict": None,
+    }
     pod = bound("a", "auto", pending)
     action = review_pod(pod, policy(), {"a": verdict("mnnvl")}, now=NOW)
     assert action is not None and action.event_reason == "DecidedAfterBinding" and action.event_type == "Warning"
@@ -84,19 +115,27 @@ def test_pod_bound_while_the_operator_was_down_is_decided_and_reported() -> None
 
 
 def test_pending_and_finished_pods_are_not_touched() -> None:
-    unbound = pod_record({"metadata": {"name": "x", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}},
-                          "spec": {}})
+    unbound = pod_record(
+        {"metadata": {"name": "x", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}}, "spec": {}}
+    )
     assert review_pod(unbound, policy(), {}, now=NOW) is None
-    done = pod_record({"metadata": {"name": "y", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}},
-                       "spec": {"nodeName": "a"}, "status": {"phase": "Succeeded"}})
+    done = pod_record(
+        {
+            "metadata": {"name": "y", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}},
+            "spec": {"nodeName": "a"},
+            "status": {"phase": "Succeeded"},
+        }
+    )
     assert review_pod(done, policy(), {"a": verdict("none")}, now=NOW) is None
 
 
 def test_group_members_fall_back_together_when_one_node_loses_mnnvl() -> None:
     group = {LWS_GROUP_KEY: "g"}
     size = {LWS_SIZE: "2"}
-    nodes = {"a": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.1"}),
-             "b": verdict("trtllm", **{contract.LABEL_CLIQUE: "c.1"})}
+    nodes = {
+        "a": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.1"}),
+        "b": verdict("trtllm", **{contract.LABEL_CLIQUE: "c.1"}),
+    }
     a = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"), labels=group, annotations=size, name="a")
     b = bound("b", "mnnvl", at_binding("b", "mnnvl", "mnnvl"), labels=group, annotations=size, name="b")
     action = review_pod(a, policy(), nodes, members=[a, b], now=NOW)
@@ -105,8 +144,16 @@ def test_group_members_fall_back_together_when_one_node_loses_mnnvl() -> None:
 
 
 def test_stale_means_containers_started_before_the_backend_changed() -> None:
-    changed = {"backend": "trtllm", "previous": "mnnvl", "trigger": "reconcile", "time": "2026-05-01T11:30:00Z",
-               "reason": "Verified", "policy": "vllm", "node": "a", "nodeVerdict": "trtllm"}
+    changed = {
+        "backend": "trtllm",
+        "previous": "mnnvl",
+        "trigger": "reconcile",
+        "time": "2026-05-01T11:30:00Z",
+        "reason": "Verified",
+        "policy": "vllm",
+        "node": "a",
+        "nodeVerdict": "trtllm",
+    }
     assert is_stale(bound("a", "trtllm", changed, started="2026-05-01T11:00:00Z"))
     assert not is_stale(bound("a", "trtllm", changed, started="2026-05-01T11:45:00Z"))
     assert not is_stale(bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl")))
@@ -121,12 +168,20 @@ def test_multi_node_fallback_at_binding_gets_a_warning_message() -> None:
 
 def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
     nodes = {"m": verdict("mnnvl"), "t": verdict("trtllm"), "n": verdict("none"), "cpu": {}}
-    stale = {"backend": "trtllm", "previous": "mnnvl", "trigger": "reconcile", "time": "2026-05-01T11:30:00Z",
-             "reason": "Verified", "policy": "vllm"}
-    pods = [bound("m", "mnnvl", at_binding("m", "mnnvl", "mnnvl"), name="1"),
-            bound("n", "auto", at_binding("n", "auto", "none", reason="NotVerified"), name="2"),
-            bound("t", "trtllm", stale, name="3"),
-            pod_record({"metadata": {"name": "4", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}}})]
+    stale = {
+        "backend": "trtllm",
+        "previous": "mnnvl",
+        "trigger": "reconcile",
+        "time": "2026-05-01T11:30:00Z",
+        "reason": "Verified",
+        "policy": "vllm",
+    }
+    pods = [
+        bound("m", "mnnvl", at_binding("m", "mnnvl", "mnnvl"), name="1"),
+        bound("n", "auto", at_binding("n", "auto", "none", reason="NotVerified"), name="2"),
+        bound("t", "trtllm", stale, name="3"),
+        pod_record({"metadata": {"name": "4", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "vllm"}}}),
+    ]
     status = policy_status(policy(), nodes, pods, None, NOW)
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 1, "none": 1, "unprobed": 1, "verified": 2}
     assert status["pods"] == {"decided": 2, "fallback": 1, "pending": 1, "stale": 1}

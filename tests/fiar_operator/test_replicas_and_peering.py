@@ -17,28 +17,57 @@ pytestmark = pytest.mark.controlplane
 
 # kopf's peering CRD, as the chart installs it.
 PEERING_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "clusterkopfpeerings.kopf.dev"},
-    "spec": {"scope": "Cluster", "group": "kopf.dev",
-             "names": {"kind": "ClusterKopfPeering", "plural": "clusterkopfpeerings", "singular": "clusterkopfpeering"},
-             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                 "type": "object", "properties": {"status": {"type": "object",
-                                                             "x-kubernetes-preserve-unknown-fields": True}}}}}]},
+    "spec": {
+        "scope": "Cluster",
+        "group": "kopf.dev",
+        "names": {"kind": "ClusterKopfPeering", "plural": "clusterkopfpeerings", "singular": "clusterkopfpeering"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                    }
+                },
+            }
+        ],
+    },
 }
 
 
 def binding_review(namespace: str, pod: dict[str, Any], node: str) -> bytes:
     meta = pod["metadata"]
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "b-1", "operation": "CREATE", "namespace": namespace, "name": meta["name"], "subResource": "binding",
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "object": {"metadata": {"name": meta["name"], "namespace": namespace, "uid": meta["uid"]},
-                   "target": {"kind": "Node", "name": node}}}}).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "b-1",
+                "operation": "CREATE",
+                "namespace": namespace,
+                "name": meta["name"],
+                "subResource": "binding",
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "object": {
+                    "metadata": {"name": meta["name"], "namespace": namespace, "uid": meta["uid"]},
+                    "target": {"kind": "Node", "name": node},
+                },
+            },
+        }
+    ).encode()
 
 
 def test_standby_replica_serves_webhooks_while_only_the_leader_reconciles(
-    private_plane: Callable[[Tier], ControlPlane], start_operator: Callable[..., Any],
-    make_kit: Callable[[ControlPlane, str], Any], unique: str,
+    private_plane: Callable[[Tier], ControlPlane],
+    start_operator: Callable[..., Any],
+    make_kit: Callable[[ControlPlane, str], Any],
+    unique: str,
 ) -> None:
     plane = private_plane(Tier.C)
     kube.Kube(plane.api_client()).apply(kube.CRDS, PEERING_CRD)
