@@ -127,6 +127,9 @@ class Server:
         try:
             loop.run_forever()
         finally:
+            for task in self._tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
             for runner in runners:
                 loop.run_until_complete(runner.cleanup())
             loop.close()
