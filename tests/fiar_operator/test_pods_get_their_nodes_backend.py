@@ -66,6 +66,7 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
     for pod in pods:
         node = pod["spec"]["nodeName"]
         notes = annotations(pod)
+        assert not [k for k in notes if k.startswith("kopf.")], "kopf keeps no state on pods"
         assert notes[contract.ANNOTATION_POD_BACKEND] == ("auto" if verdicts[node] == "none" else verdicts[node])
         decision = json.loads(notes[contract.ANNOTATION_POD_DECISION])
         assert (decision["node"], decision["nodeVerdict"], decision["policy"]) == (
