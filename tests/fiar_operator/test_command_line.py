@@ -1,0 +1,65 @@
+"""``fiar-operator``: the printed webhook configuration, and clear errors for unusable settings."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+EXE = str(Path(sys.executable).parent / "fiar-operator")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_webhook_config_fails_open_with_a_short_binding_timeout(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    out = run(
+        "webhook-config",
+        "--service",
+        "fiar-system/fiar-operator:443",
+        "--ca-file",
+        str(ca),
+        "--exclude-namespace",
+        "kube-system",
+        "--exclude-namespace",
+        "fiar-system",
+    )
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load(out.stdout)
+    hooks = {h["name"]: h for h in config["webhooks"]}
+    assert set(hooks) == {"pods.fiar.io", "binding.fiar.io"}
+    for hook in hooks.values():
+        assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.read_bytes()
+        assert hook["clientConfig"]["service"]["namespace"] == "fiar-system"
+        exprs = hook["namespaceSelector"]["matchExpressions"]
+        assert {"key": "fiar.io/ignore", "operator": "DoesNotExist"} in exprs
+        assert {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "fiar-system"],
+        } in exprs
+    assert hooks["binding.fiar.io"]["rules"][0]["resources"] == ["pods/binding"]
+    assert hooks["binding.fiar.io"]["timeoutSeconds"] <= 2
+    assert hooks["pods.fiar.io"]["reinvocationPolicy"] == "IfNeeded"
+    assert hooks["pods.fiar.io"]["clientConfig"]["service"]["path"] == "/mutate/pods"
+
+
+def test_malformed_service_reference_is_explained(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("x")
+    out = run("webhook-config", "--service", "no-port", "--ca-file", str(ca))
+    assert out.returncode == 2 and "NAMESPACE/NAME:PORT" in out.stderr
+
+
+def test_missing_certificate_files_stop_the_operator_before_it_starts(tmp_path: Path) -> None:
+    out = run("run", "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"))
+    assert out.returncode == 2 and "does not exist" in out.stderr
+    out = run("run", "--tls-cert", str(tmp_path / "tls.crt"))
+    assert out.returncode == 2 and "go together" in out.stderr
