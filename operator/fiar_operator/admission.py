@@ -107,10 +107,17 @@ class Admission:
     def pod_create(self, review: Review, fetched: Mapping[str, Any] | None = None) -> dict[str, Any] | Need:
         request = review.request
         pod = request.get("object")
-        if request.get("operation") != "CREATE" or request.get("subResource") or not isinstance(pod, dict):
+        if (
+            request.get("operation") != "CREATE"
+            or request.get("subResource")
+            or not isinstance(pod, dict)
+            or not isinstance(pod.get("metadata"), dict)
+            or not isinstance(pod.get("spec"), dict)
+        ):
             self.metrics.admission("pods", "ignored")
             return respond(review)
-        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+        meta = pod["metadata"]
+        namespace = str(request.get("namespace") or meta.get("namespace") or "")
         policies = list(self.store.policies.values())
         if not policies or not namespace:
             self.metrics.admission("pods", "unmanaged")
@@ -123,8 +130,8 @@ class Admission:
         if contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels):
             self.metrics.admission("pods", "unmanaged")
             return respond(review)
-        meta = pod.get("metadata") or {}
-        pod_labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        labels = meta.get("labels")
+        pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
         plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes)
         if not review.dry_run:
             record = pod_record(plan.pod)

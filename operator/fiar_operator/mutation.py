@@ -51,6 +51,9 @@ def _container_ops(
     """Ops for one container matching the globs; None when the container is left alone."""
     name = str(container.get("name", ""))
     env = container.get("env") or []
+    if not isinstance(env, list):
+        warnings.append(f"container {name}: env is not a list; left alone")
+        return None
     hits = [j for j, e in enumerate(env) if isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR]
     explicit = [j for j in hits if not is_injected(env[j])]
     if explicit and policy.respect_explicit_env:

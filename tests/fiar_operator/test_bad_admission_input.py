@@ -72,6 +72,8 @@ def test_partial_reviews_are_allowed_unchanged(operator: Any, path: str) -> None
         assert status == 200
         assert answer["kind"] == "AdmissionReview" and answer["apiVersion"] == ENVELOPE["apiVersion"]
         assert answer["response"]["uid"] == request["uid"] and answer["response"]["allowed"] is True
+        assert "patch" not in answer["response"]
+    assert operator.counter("fiar_admission_requests_total", result="error") == 0
 
 
 def test_oversized_body_is_refused_and_the_operator_keeps_mutating(operator: Any, kit: Any, namespace: str) -> None:

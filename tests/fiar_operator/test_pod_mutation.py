@@ -199,3 +199,5 @@ def test_non_pod_or_missing_fields_do_not_crash() -> None:
     assert not plan.managed
     plan = plan_pod_create({"spec": {"containers": ["not-a-dict", {"name": "vllm"}]}}, policy(), {})
     assert plan.managed
+    plan = plan_pod_create({"spec": {"containers": [{"name": "vllm", "env": "x"}]}}, policy(), {})
+    assert not plan.managed and any("env is not a list" in w for w in plan.warnings)
