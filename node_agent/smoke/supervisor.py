@@ -53,9 +53,12 @@ def supervise(ranks: int, events: Path, port: int, argv: list[str], peer_grace_s
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    while any(p.poll() is None for p in procs):
-        for r, p in enumerate(procs):
-            if p.returncode not in (None, 0) and first_failure is None:
+    while True:
+        codes = [p.poll() for p in procs]  # poll every rank: any() would stop at the first running one
+        if all(code is not None for code in codes):
+            break
+        for r, code in enumerate(codes):
+            if code not in (None, 0) and first_failure is None:
                 first_failure, failed_at = r, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > peer_grace_s:
             for r, p in enumerate(procs):

@@ -1,0 +1,86 @@
+"""The recorded-host format round-trips; the report annotation is versioned, compact and bounded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent import hardware, inventory, report
+from node_agent.errors import FixtureError
+from node_agent.probe import ProbeConfig, probe
+from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
+
+SHIPPED = sorted(p.stem for p in hardware.FIXTURES.glob("*.json"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_fixture_round_trips(name: str) -> None:
+    doc = json.loads((hardware.FIXTURES / f"{name}.json").read_text())
+    inv = inventory.from_dict(doc)
+    assert inventory.from_dict(inventory.to_dict(inv)) == inv
+    assert len(inv.gpus) == len(doc["gpus"])
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"gpus": {}}, "gpus: expected a list"),
+        ({"gpus": [{"index": 0, "nvlinks": [{"active": "yes"}]}]}, "gpus[0].nvlinks[0].active: expected an integer"),
+        ({"gpus": [{"index": 0, "cc": [9]}]}, "gpus[0].cc: expected [major, minor]"),
+        ({"gpus": [{"index": 0}, {"index": 0}]}, "duplicate index"),
+        ({"gpus": [{"index": 0, "fabric_v2": {"state": 3, "clusterUuid": "xyz"}}]}, "expected 32 hex digits"),
+        ({"p2p": {"0-1": {}}}, "p2p: bad key '0-1'"),
+        ({"env": {"NCCL_NVLS_ENABLE": 0}}, "env: expected an object of strings"),
+    ],
+)
+def test_malformed_hosts_are_named_precisely(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(FixtureError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        inventory.from_dict(doc)
+
+
+def test_modelled_fixture_without_a_source_is_rejected(tmp_path: Path) -> None:
+    doc = json.loads((hardware.FIXTURES / "h200x2-host.json").read_text())
+    doc["modelled"] = True
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FixtureError, match="must cite the report it models"):
+        hardware.load_fixture(path)
+
+
+def test_unknown_simulated_outcome_is_rejected(tmp_path: Path) -> None:
+    doc = json.loads((hardware.FIXTURES / "h200x2-host.json").read_text())
+    doc["simulate"] = {"smoke": {"trtllm": {"outcome": "maybe"}}}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FixtureError, match="outcome 'maybe'"):
+        hardware.load_fixture(path)
+
+
+def test_report_is_versioned_and_other_versions_are_ignored() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(), environ={})
+    text = report.dumps(result.report)
+    assert ", " not in text.split('"reasons"')[0] and ": " not in text.split('"reasons"')[0], "compact JSON"
+    doc = report.loads(text)
+    assert doc is not None
+    for key in ("schema", "version", "agent", "probe_time", "status", "labels", "reasons", "versions", "inventory",
+                "fingerprint", "policy", "tests", "benchmark", "config"):  # fmt: skip
+        assert key in doc
+    assert doc["versions"]["driver"] == "580.159.04"
+    assert doc["versions"]["cuda_driver"] == "13.0"
+    assert report.loads(text.replace('"version":1', '"version":2')) is None
+    assert report.loads("not json") is None
+    assert report.loads(None) is None
+
+
+def test_oversized_report_drops_benchmark_points_first() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(), environ={})
+    points = tuple(BenchPoint(h, t, 50.0, 40.0, 4.0) for h in range(4096, 4096 + 3000) for t in (1,))
+    big = dict(result.report)
+    big["tests"] = {**big["tests"], "trtllm": SmokeOutcome("trtllm", "pass", "ok", bench=points).to_dict()}
+    text = report.dumps(big)
+    assert len(text.encode()) <= report.MAX_BYTES
+    assert "bench" not in json.loads(text)["tests"]["trtllm"]
+    assert json.loads(text)["labels"] == result.labels

@@ -1,0 +1,136 @@
+"""A hung, crashed or failing smoke test becomes a result with a reason; its whole process group dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from node_agent import childproc
+from node_agent.hardware import SimulatedHardware
+from node_agent.probe import ProbeConfig, probe
+from node_agent.smoke import launcher
+from node_agent.smoke.events import read_events
+from node_agent.smoke.outcome import SmokeRequest
+
+
+def _with_trtllm(outcome: str, **extra: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        doc.setdefault("simulate", {}).setdefault("smoke", {})["trtllm"] = {"outcome": outcome, **extra}
+
+    return edit
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _run_trtllm(fixture: Path, timeout_s: float, tmp_path: Path, cancel: threading.Event | None = None) -> Any:
+    hw = SimulatedHardware(fixture)
+    request = SmokeRequest("trtllm", (0, 1), timeout_s)
+    lines: list[str] = []
+    outcome = launcher.run_smoke(
+        request, hw.smoke_worker("trtllm"), {}, cancel=cancel, progress=lines.append, peer_grace_s=1.0
+    )
+    return outcome, lines
+
+
+def test_a_hung_rank_times_out_and_the_whole_group_is_killed(
+    host_file: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixture = host_file("h200x2-host", _with_trtllm("timeout", step="graph"))
+    pids: list[int] = []
+    real_read = launcher.ev.read_events
+
+    def spy(path: Path) -> list[dict[str, Any]]:  # collect the ranks' pids from their own events
+        events = real_read(path)
+        pids.extend(e["pid"] for e in events if "pid" in e)
+        return events
+
+    monkeypatch.setattr(launcher.ev, "read_events", spy)
+    start = time.monotonic()
+    outcome, _ = _run_trtllm(fixture, 3.0, tmp_path)
+    assert time.monotonic() - start < 15
+    assert outcome.result == "timeout"
+    assert outcome.degraded
+    assert "rank 0 in graph" in outcome.reason and "rank 1 in graph" in outcome.reason
+    assert "process group was killed" in outcome.reason
+    assert set(pids) and len(set(pids)) == 2
+    for pid in set(pids):
+        assert not _alive(pid), f"rank pid {pid} survived the timeout"
+
+
+def test_a_crashed_rank_is_a_failure_with_its_signal(host_file: Callable[..., Path], tmp_path: Path) -> None:
+    outcome, _ = _run_trtllm(host_file("h200x2-host", _with_trtllm("crash", step="workspace")), 30.0, tmp_path)
+    assert outcome.result == "fail"
+    assert outcome.kind == "crash"
+    assert "rank 1 died with SIGSEGV during workspace" in outcome.reason
+    assert not outcome.degraded
+
+
+def test_cancel_ends_a_running_test_quickly(host_file: Callable[..., Path], tmp_path: Path) -> None:
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    start = time.monotonic()
+    outcome, _ = _run_trtllm(host_file("h200x2-host", _with_trtllm("timeout")), 60.0, tmp_path, cancel)
+    assert time.monotonic() - start < 10
+    assert outcome.result == "skipped"
+    assert outcome.kind == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "result", "kind", "degraded", "exit_code"),
+    [
+        ("missing", "skipped", "unavailable", True, 1),
+        ("not_prebuilt", "skipped", "not_prebuilt", True, 1),
+        ("numerics", "fail", "numerics", False, 0),
+        ("fail", "fail", "error", False, 0),
+        ("timeout", "timeout", "hang", True, 1),
+    ],
+)
+def test_outcomes_become_labels_and_exit_codes(
+    host_file: Callable[..., Path], outcome: str, result: str, kind: str, degraded: bool, exit_code: int
+) -> None:
+    fixture = host_file("h200x2-host", _with_trtllm(outcome))
+    probed = probe(SimulatedHardware(fixture), ProbeConfig(timeout_s=3.0), environ={})
+    test = probed.report["tests"]["trtllm"]
+    assert (test["result"], test["kind"], test.get("degraded", False)) == (result, kind, degraded)
+    assert probed.labels[contract.LABEL_TRTLLM] == result
+    assert probed.labels[contract.LABEL_BACKEND] == "none"
+    assert probed.exit_code == exit_code
+    assert test["reason"]
+
+
+def test_the_group_of_a_finished_test_leaves_no_process_behind(tmp_path: Path) -> None:
+    marker = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+        f"open({str(marker)!r}, 'w').write(str(p.pid))"
+    )
+    result = childproc.run_child([sys.executable, "-c", script], env=childproc.child_env(), timeout_s=30)
+    assert result.ok
+    pid = int(marker.read_text())
+    time.sleep(0.2)
+    assert not _alive(pid), "a straggler of the child's process group survived"
+
+
+def test_rank_events_survive_a_kill(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text(json.dumps({"step": "jit", "status": "start"}) + "\n" + '{"step": "jit", "sta')
+    assert read_events(path) == [{"step": "jit", "status": "start"}]

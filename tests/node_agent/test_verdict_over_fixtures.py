@@ -1,0 +1,109 @@
+"""Every shipped host fixture, probed end to end through the simulated hardware, gets exactly its labels.
+
+The probe runs the real code path: the inventory comes from a child process (``native_probe
+--replay``), each smoke test is a supervisor with one simworker process per rank, and the verdict
+and report are the ones the daemon publishes. The environment is empty, so only the recorded
+host's own policy variables count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fiar_contract as contract
+from node_agent import hardware, report
+from node_agent.probe import ProbeConfig, probe
+
+B, M, MN, T, G, C = (
+    contract.LABEL_BACKEND,
+    contract.LABEL_MULTICAST,
+    contract.LABEL_MNNVL,
+    contract.LABEL_TRTLLM,
+    contract.LABEL_GPUS,
+    contract.LABEL_CLIQUE,
+)
+
+EXPECTED = {
+    # recorded: 2x H200 SXM, NVSwitch, multicast forbidden by the host's environment
+    "h200x2-host": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass", G: "2"},
+    # modelled: healthy HGX H100, mnnvl works
+    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", G: "8"},
+    # modelled after vllm#48071: workspace with a null multicast pointer; trtllm works but is ~10x NCCL
+    "h200nvl-bridge-null-multicast": {B: "none", M: "unsupported", MN: "fail", T: "pass", G: "8"},
+    # modelled: PCIe only, attribute 0, no peer access
+    "h100x4-pcie-no-nvlink": {B: "none", M: "unsupported", MN: "fail", T: "fail", G: "4"},
+    # modelled: GB200 NVL72 tray in a fabric clique
+    "gb200-nvl72-clique": {
+        B: "mnnvl",
+        M: "supported",
+        MN: "pass",
+        T: "pass",
+        G: "4",
+        C: "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766",
+    },
+}
+
+RECORDED_DEVICE_HOSTS = {
+    # recorded by bench/agent_gpu_verify.sh on the device hosts (see BENCHMARKS.md)
+    "h200x2-device": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass", G: "2"},
+    "h200x1-device": {B: "none", M: "disabled", MN: "skipped", T: "skipped", G: "1"},
+}
+
+
+def _all_expected() -> dict[str, dict[str, str]]:
+    found = {
+        name: labels for name, labels in RECORDED_DEVICE_HOSTS.items() if (hardware.FIXTURES / f"{name}.json").exists()
+    }
+    return {**EXPECTED, **found}
+
+
+def test_every_shipped_fixture_has_expected_labels() -> None:
+    shipped = {p.stem for p in hardware.FIXTURES.glob("*.json")}
+    assert shipped == set(_all_expected())
+
+
+@pytest.mark.parametrize(("name", "labels"), sorted(_all_expected().items()))
+def test_fixture_gets_exactly_its_labels(name: str, labels: dict[str, str]) -> None:
+    result = probe(hardware.SimulatedHardware(Path(name)), ProbeConfig(timeout_s=60), environ={})
+    assert result.labels == labels
+    assert result.report["labels"] == labels
+    assert result.exit_code == 0, result.report["reasons"]
+    assert set(result.labels) <= set(contract.AGENT_LABELS)
+    assert result.labels[B] in contract.BACKEND_VERDICTS
+    assert result.labels[M] in contract.MULTICAST_STATES
+    assert {result.labels[MN], result.labels[T]} <= set(contract.TEST_RESULTS)
+    # the annotation round-trips and carries the same labels
+    parsed = report.loads(report.dumps(result.report))
+    assert parsed is not None and parsed["labels"] == labels
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_modelled_fixtures_cite_their_source(name: str) -> None:
+    doc = json.loads((hardware.FIXTURES / f"{name}.json").read_text())
+    if name == "h200x2-host":
+        assert not doc.get("modelled")
+        return
+    assert doc["modelled"] is True
+    assert "#" in doc["models"] or "github" in doc["models"], "a modelled host cites the report it models"
+
+
+def test_null_multicast_pointer_fails_mnnvl_before_any_kernel() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200nvl-bridge-null-multicast")), ProbeConfig(), environ={})
+    mnnvl = result.report["tests"]["mnnvl"]
+    assert mnnvl["kind"] == "null_mc_ptr"
+    assert "eager" not in mnnvl.get("steps", {}), "no allreduce kernel ran after the null pointer"
+    assert any("not recommended" in r for r in result.report["reasons"]), "trtllm ~10x slower than NCCL is passed over"
+    assert result.report["benchmark"]["trtllm"]["recommended"] is False
+
+
+def test_recorded_h200_host_reports_hardware_multicast_but_policy_disables_it() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(), environ={})
+    inv = result.report["inventory"]
+    assert inv["multicast_attribute"] == [1, 1]
+    assert inv["nvswitch"] is True
+    assert inv["fabric"]["cluster_uuid_zero"] is True
+    assert result.report["policy"]["multicast_forbidden"] is True
+    assert result.report["tests"]["mnnvl"]["kind"] == "policy"

@@ -1,0 +1,160 @@
+"""The pure verdict: label rules for multicast, backend choice, the NCCL benchmark margin, cliques."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import fiar_contract as contract
+from node_agent import inventory
+from node_agent.policy import HostPolicy
+from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
+from node_agent.verdict import clique, decide, judge_bench
+
+NO_POLICY = HostPolicy(False)
+FORBID = HostPolicy(True, ("env NCCL_NVLS_ENABLE=0",))
+
+
+def gpu(index: int, mc: int | None = 1, fabric: inventory.Fabric | None = None) -> inventory.Gpu:
+    return inventory.Gpu(
+        index=index,
+        name="NVIDIA H200",
+        uuid=f"GPU-{index}",
+        cc=(9, 0),
+        fabric=fabric,
+        cuda=inventory.CudaAttributes(multicast_supported=mc),
+    )
+
+
+def inv(*gpus: inventory.Gpu, exported: bool | None = True) -> inventory.Inventory:
+    return inventory.Inventory("580.159.04", 13000, gpus, multicast_create_exported=exported)
+
+
+def passed(backend: contract.Backend, *ratios: float) -> SmokeOutcome:
+    bench = tuple(BenchPoint(4096, 2**i, 100.0, 100.0 * r) for i, r in enumerate(ratios))
+    return SmokeOutcome(backend, "pass", "ok", devices=(0, 1), bench=bench)
+
+
+def failed(backend: contract.Backend, kind: str = "error") -> SmokeOutcome:
+    return SmokeOutcome(backend, "fail", kind, reason="x")
+
+
+def skipped(backend: contract.Backend, kind: str = "policy", degraded: bool = False) -> SmokeOutcome:
+    return SmokeOutcome.skipped(backend, kind, "not run", degraded)
+
+
+TWO = inv(gpu(0), gpu(1))
+ZERO_ATTR = inv(gpu(0), gpu(1, mc=0))
+NOT_EXPORTED = inv(gpu(0), gpu(1), exported=False)
+ONE = inv(gpu(0))
+NONE = inv()
+MN_PASS, MN_NULL, MN_ERR, MN_POLICY = passed("mnnvl"), failed("mnnvl", "null_mc_ptr"), failed("mnnvl"), skipped("mnnvl")
+MN_HANG = SmokeOutcome("mnnvl", "timeout", "hang", degraded=True)
+MN_NA, TR_NA = skipped("mnnvl", "not_applicable"), skipped("trtllm", "not_applicable")
+MN_BUSY, TR_BUSY = skipped("mnnvl", "busy", True), skipped("trtllm", "busy", True)
+TR_PASS, TR_ERR = passed("trtllm"), failed("trtllm")
+
+
+@pytest.mark.parametrize(
+    ("host", "policy", "mnnvl", "trtllm", "backend", "multicast", "status"),
+    [
+        (TWO, NO_POLICY, MN_PASS, TR_PASS, "mnnvl", "supported", "ok"),
+        (TWO, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok"),
+        (TWO, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unknown", "ok"),
+        (TWO, FORBID, MN_POLICY, TR_PASS, "trtllm", "disabled", "ok"),
+        (TWO, FORBID, MN_POLICY, TR_ERR, "none", "disabled", "ok"),
+        (ZERO_ATTR, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok"),
+        (NOT_EXPORTED, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unsupported", "ok"),
+        (TWO, NO_POLICY, MN_HANG, TR_PASS, "trtllm", "unknown", "degraded"),
+        (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
+        (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
+        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, "none", "unknown", "degraded"),
+    ],
+)
+def test_labels_follow_the_rules(
+    host: inventory.Inventory,
+    policy: HostPolicy,
+    mnnvl: SmokeOutcome,
+    trtllm: SmokeOutcome,
+    backend: str,
+    multicast: str,
+    status: str,
+) -> None:
+    verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": trtllm})
+    assert verdict.labels == {
+        contract.LABEL_BACKEND: backend,
+        contract.LABEL_MULTICAST: multicast,
+        contract.LABEL_MNNVL: mnnvl.result,
+        contract.LABEL_TRTLLM: trtllm.result,
+        contract.LABEL_GPUS: str(len(host.gpus)),
+    }
+    assert verdict.status == status
+    assert verdict.reasons, "every verdict says why"
+
+
+def test_no_inventory_gives_zero_gpus_unknown_multicast_and_degraded() -> None:
+    tests = {"mnnvl": skipped("mnnvl", "no_inventory", True), "trtllm": skipped("trtllm", "no_inventory", True)}
+    verdict = decide(None, NO_POLICY, tests, inventory_error="inventory unavailable: nvml: not found")
+    assert verdict.labels[contract.LABEL_GPUS] == "0"
+    assert verdict.labels[contract.LABEL_MULTICAST] == "unknown"
+    assert verdict.status == "degraded"
+    assert verdict.reasons[0] == "inventory unavailable: nvml: not found"
+
+
+def test_policy_wins_over_a_passing_mnnvl_claim() -> None:
+    verdict = decide(TWO, FORBID, {"mnnvl": passed("mnnvl"), "trtllm": passed("trtllm")})
+    assert verdict.labels[contract.LABEL_MULTICAST] == "disabled"
+
+
+@pytest.mark.parametrize(
+    ("ratios", "geomean", "recommended"),
+    [
+        ((0.5, 0.8, 1.2), 0.783, True),
+        ((1.10, 1.10), 1.10, True),  # exactly at the margin
+        ((1.2, 1.2, 0.9), 1.090, True),  # slower at some sizes, within the margin overall
+        ((1.3, 1.3, 0.9), 1.150, False),
+        ((10.0, 10.0), 10.0, False),
+    ],
+)
+def test_benchmark_margin(ratios: tuple[float, ...], geomean: float, recommended: bool) -> None:
+    judgement = judge_bench(passed("trtllm", *ratios), 0.10)
+    assert judgement is not None
+    assert judgement.geomean_ratio == pytest.approx(geomean, abs=1e-3)
+    assert judgement.recommended is recommended
+    assert judgement.points == len(ratios)
+
+
+def test_slow_mnnvl_falls_back_to_a_fast_trtllm() -> None:
+    verdict = decide(TWO, NO_POLICY, {"mnnvl": passed("mnnvl", 3.0, 3.0), "trtllm": passed("trtllm", 0.8)})
+    assert verdict.backend == "trtllm"
+    assert verdict.labels[contract.LABEL_MNNVL] == "pass", "the test result stays what the test showed"
+    assert verdict.bench["mnnvl"].recommended is False
+
+
+def test_unbenchmarked_backend_is_recommended_and_says_so() -> None:
+    verdict = decide(TWO, NO_POLICY, {"mnnvl": failed("mnnvl"), "trtllm": passed("trtllm")})
+    assert verdict.backend == "trtllm"
+    assert any("not benchmarked" in r for r in verdict.reasons)
+
+
+CLUSTER = "6f1c2b8e4d3a4f0e9b7c5a1d2e3f4a5b"
+
+
+@pytest.mark.parametrize(
+    ("fabrics", "expected"),
+    [
+        ([inventory.Fabric(3, 0, 7, CLUSTER)] * 2, "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.7"),
+        ([inventory.Fabric(3, 0, 0, "0" * 32)] * 2, None),  # single-node fabric: all-zero cluster
+        ([inventory.Fabric(3, 0, 7, CLUSTER), inventory.Fabric(3, 0, 8, CLUSTER)], None),  # two cliques
+        ([inventory.Fabric(2, 0, 7, CLUSTER)] * 2, None),  # still in progress
+        ([inventory.Fabric(3, 0, 7, CLUSTER), None], None),
+    ],
+)
+def test_clique_label(fabrics: list[inventory.Fabric | None], expected: str | None) -> None:
+    host = inv(*(dataclasses.replace(gpu(i), fabric=f) for i, f in enumerate(fabrics)))
+    assert clique(host) == expected
+    verdict = decide(host, NO_POLICY, {"mnnvl": passed("mnnvl"), "trtllm": passed("trtllm")})
+    assert verdict.labels.get(contract.LABEL_CLIQUE) == expected
+    if expected is not None:
+        assert len(expected) <= 63, "a label value is at most 63 characters"
