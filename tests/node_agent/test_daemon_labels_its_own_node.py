@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from devcluster.cluster import ControlPlane
 from kubernetes import client
 
 import fiar_contract as contract
+from devcluster.cluster import ControlPlane
 from node_agent import report
 
 pytestmark = pytest.mark.controlplane

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from devcluster.cluster import ControlPlane, Tier
 from kubernetes import client
 
 import fiar_contract as contract
+from devcluster.cluster import ControlPlane, Tier
 
 pytestmark = pytest.mark.controlplane
 
