@@ -117,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
             raise OperatorError("--register-webhooks needs --webhook-ca or --tls-cert")
         config = webhookconfig.configuration(Path(ca).read_bytes(), url=args.register_webhooks)
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
+    runtime.start()
     try:
         asyncio.run(
             kopf.operator(
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     finally:
+        runtime.stop()
         if registered:
             with contextlib.suppress(OperatorError):
                 runtime.kube.delete(kube.MUTATING_CONFIGS, registered)

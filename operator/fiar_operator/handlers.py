@@ -1,7 +1,8 @@
 """kopf handlers: thin wrappers that feed the Runtime and post the Events it asks for.
 
 Event handlers run only on the active peer (kopf pauses the others); the webhooks and their
-indexes live in the Runtime and keep serving on every replica.
+indexes live in the Runtime, which the command line starts before kopf and stops after it, and
+which keeps serving on every replica.
 """
 
 from __future__ import annotations
@@ -44,17 +45,11 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup()
-def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.peering.name = _runtime(memo).settings.peering
     settings.peering.priority = _runtime(memo).settings.priority
-    _runtime(memo).start()
-
-
-@kopf.on.cleanup()
-def stop(memo: kopf.Memo, **_: Any) -> None:
-    _runtime(memo).stop()
 
 
 @kopf.on.probe(id="indexes")

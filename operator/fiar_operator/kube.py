@@ -17,7 +17,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 import fiar_contract as contract
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import ApiError, ConfigurationError
 
 NODES: Final = "/api/v1/nodes"
 NAMESPACES: Final = "/api/v1/namespaces"
@@ -33,13 +33,17 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> Any:
     """An ApiClient from a kubeconfig file, else in-cluster credentials, else the default kubeconfig."""
     cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except ConfigException:
+                config.load_kube_config(client_configuration=cfg)
+    except (ConfigException, OSError) as exc:
+        where = kubeconfig or "in-cluster service account or ~/.kube/config"
+        raise ConfigurationError(f"no usable Kubernetes credentials ({where}): {exc}") from exc
     cfg.connection_pool_maxsize = pool_size
     return client.ApiClient(cfg)
 

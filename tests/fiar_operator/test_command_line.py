@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,42 @@ def test_missing_certificate_files_stop_the_operator_before_it_starts(tmp_path: 
     assert out.returncode == 2 and "does not exist" in out.stderr
     out = run("run", "--tls-cert", str(tmp_path / "tls.crt"))
     assert out.returncode == 2 and "go together" in out.stderr
+
+
+def test_missing_credentials_are_reported_not_raised(tmp_path: Path) -> None:
+    out = run("run", "--kubeconfig", str(tmp_path / "absent.yaml"), "--metrics-port", "-1")
+    assert out.returncode == 2 and "no usable Kubernetes credentials" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_busy_webhook_port_is_reported(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run(
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--standalone",
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(port),
+            "--metrics-port",
+            "-1",
+        )
+    assert out.returncode == 2 and "did not start" in out.stderr
