@@ -28,6 +28,8 @@ from fiar_operator.store import Store
 REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 MAX_WARNINGS: Final = 8
+MAX_WARNING_LENGTH: Final = 120
+"""Kubernetes asks admission warnings to stay under 120 characters."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def respond(review: Review, ops: list[patches.Op] | None = None, warnings: list[
         response["patchType"] = "JSONPatch"
         response["patch"] = patches.encode(ops)
     if warnings:
-        response["warnings"] = [f"fiar: {w}" for w in warnings[:MAX_WARNINGS]]
+        response["warnings"] = [f"fiar: {w}"[:MAX_WARNING_LENGTH] for w in warnings[:MAX_WARNINGS]]
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 

@@ -129,6 +129,8 @@ def plan_pod_create(
     group = group_plan(pod_record(pod), policy)
     if group.multi and "mnnvl" not in policy.backends:
         warnings.append(f"multi-pod group: trtllm is invalid across pods; it gets {policy.fallback}")
+    elif group.multi and policy.placement == "Anywhere" and policy.mode == "Enforce":
+        warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
     ops += _placement_ops(policy, pod, group.multi, warnings)
     ops += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
     after = patches.apply(copy.deepcopy(dict(pod)), ops)

@@ -189,6 +189,12 @@ def test_multi_pod_group_is_pinned_to_mnnvl_nodes_of_one_clique() -> None:
     ]
 
 
+def test_unpinned_multi_pod_group_is_told_how_to_pin_it() -> None:
+    plan = plan_pod_create(lws_pod(), policy(), {})
+    assert "affinity" not in plan.pod["spec"]
+    assert any("mnnvl only if all candidate nodes share one clique" in w for w in plan.warnings)
+
+
 def test_multi_pod_group_without_mnnvl_allowed_is_warned() -> None:
     plan = plan_pod_create(lws_pod(), policy(backends=["trtllm"]), {})
     assert plan.managed and any("trtllm is invalid across pods" in w for w in plan.warnings)
