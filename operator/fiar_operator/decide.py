@@ -165,7 +165,8 @@ def choose_for_group(
         return policy.fallback, "MultiNodeNoSharedClique"
     if group.pinned:
         return "mnnvl", "Verified"
-    candidates = [node_facts(name, labels) for name, labels in nodes.items() if group.constraint.admits(labels)]
+    # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
+    candidates = [node_facts(name, labels) for name, labels in list(nodes.items()) if group.constraint.admits(labels)]
     if _group_ok(candidates):
         return "mnnvl", "Verified"
     return policy.fallback, "MultiNodeNoSharedClique"

@@ -137,28 +137,29 @@ class Store:
                     del index[key]
 
     def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
-        """Replace every object of a kind after a (re-)list, then mark the kind synced."""
+        """Replace every object of a kind after a (re-)list, then mark the kind synced.
+
+        The new indexes are built aside and swapped in at once: a webhook never sees a half-filled one.
+        """
+        fresh = Store(self._clock)
+        put = {
+            "nodes": fresh.put_node,
+            "namespaces": fresh.put_namespace,
+            "policies": fresh.put_policy,
+            "pods": fresh.put_pod,
+        }[kind]
+        for obj in objects:
+            put(obj)
         with self._lock:
             if kind == "nodes":
-                self.nodes.clear()
-                self._node_versions.clear()
-                for obj in objects:
-                    self.put_node(obj)
+                self.nodes, self._node_versions = fresh.nodes, fresh._node_versions
             elif kind == "namespaces":
-                self.namespaces.clear()
-                for obj in objects:
-                    self.put_namespace(obj)
+                self.namespaces = fresh.namespaces
             elif kind == "policies":
-                for name in list(self.policy_objects):
-                    self.delete_policy(name)
-                for obj in objects:
-                    self.put_policy(obj)
-            elif kind == "pods":
-                self.pods.clear()
-                self.by_node.clear()
-                self.by_policy.clear()
-                for obj in objects:
-                    self.put_pod(obj)
+                self.policies, self.policy_objects = fresh.policies, fresh.policy_objects
+                self.policy_errors = fresh.policy_errors
+            else:
+                self.pods, self.by_node, self.by_policy = fresh.pods, fresh.by_node, fresh.by_policy
             self.synced[kind] = True
 
     def pods_on_node(self, node: str) -> list[PodRecord]:
@@ -206,6 +207,6 @@ class Store:
             "namespaces": len(self.namespaces),
             "policies": len(self.policies),
             "pods": len(self.pods),
-            "managed_pods": sum(len(v) for v in self.by_policy.values()),
+            "managed_pods": sum(len(v) for v in list(self.by_policy.values())),
             "admission_memo": len(self._memo),
         }
