@@ -30,7 +30,7 @@ def _runtime(memo: kopf.Memo) -> Runtime:
 @kopf.on.login()
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf uses the same credentials as the operator's own client (--kubeconfig or in-cluster)."""
-    cfg = _runtime(memo).kube.api.configuration
+    cfg = _runtime(memo).kube.configuration
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
     scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(

@@ -1,20 +1,22 @@
 """The operator's one seam to the Kubernetes API: raw JSON requests and watch streams.
 
-The generated ``kubernetes`` client is used only for what it does well (kubeconfig / in-cluster
-credentials, TLS, the connection pool); objects stay plain dicts, which keeps the informers cheap and
-the code independent of the client's model classes.
+The ``kubernetes`` package is used only to load credentials (kubeconfig or in-cluster, with token
+refresh); requests go through a urllib3 pool of our own and objects stay plain dicts, which keeps the
+informers cheap and the code independent of the generated client's models and internals (which
+changed in kubernetes 37).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
+from urllib.parse import urlencode
 
+import urllib3
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.watch.watch import iter_resp_lines
 
 import fiar_contract as contract
 from fiar_operator.errors import ApiError, ConfigurationError
@@ -30,8 +32,8 @@ JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 
-def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> Any:
-    """An ApiClient from a kubeconfig file, else in-cluster credentials, else the default kubeconfig."""
+def configuration(kubeconfig: str | None = None) -> Any:
+    """Client settings from a kubeconfig file, else in-cluster credentials, else the default kubeconfig."""
     cfg = client.Configuration()
     try:
         if kubeconfig:
@@ -44,15 +46,50 @@ def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> Any:
     except (ConfigException, OSError) as exc:
         where = kubeconfig or "in-cluster service account or ~/.kube/config"
         raise ConfigurationError(f"no usable Kubernetes credentials ({where}): {exc}") from exc
-    cfg.connection_pool_maxsize = pool_size
-    return client.ApiClient(cfg)
+    return cfg
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    buffer = bytearray()
+    for segment in response.stream(amt=None, decode_content=False):
+        buffer.extend(segment)
+        newline = buffer.find(b"\n")
+        while newline != -1:
+            line = bytes(buffer[:newline])
+            del buffer[: newline + 1]
+            if line.strip():
+                yield line
+            newline = buffer.find(b"\n")
 
 
 class Kube:
-    """Raw JSON access to the API server through an ApiClient."""
+    """Raw JSON access to the API server with the credentials of a client Configuration.
 
-    def __init__(self, api: Any) -> None:
-        self.api = api
+    The connection pool is the operator's own (urllib3, as in the kubernetes client), so only the
+    client's stable parts are used: loading credentials and refreshing tokens.
+    """
+
+    def __init__(self, settings: Any, pool_size: int = 32) -> None:
+        self.configuration = getattr(settings, "configuration", settings)
+        cfg = self.configuration
+        self._pool = urllib3.PoolManager(
+            num_pools=4,
+            maxsize=pool_size,
+            cert_reqs=ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE,
+            ca_certs=cfg.ssl_ca_cert,
+            cert_file=cfg.cert_file,
+            key_file=cfg.key_file,
+        )
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": JSON, "User-Agent": "fiar-operator"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        cfg = self.configuration
+        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     def _send(
         self,
@@ -63,25 +100,24 @@ class Kube:
         content_type: str | None,
         timeout: float | tuple[float, float] | None,
     ) -> Any:
-        headers = {"Accept": JSON}
-        if content_type:
-            headers["Content-Type"] = content_type
-        params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        request = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=params,
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        url = self.configuration.host + path + ("?" + urlencode(params) if params else "")
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
         try:
-            response = self.api.call_api(*request, _request_timeout=timeout)
-        except ApiException as exc:
-            raise ApiError(f"{method} {path}: {exc.reason}", exc.status) from exc
-        except Exception as exc:  # urllib3 / socket errors: the API server is unreachable or slow
+            return self._pool.request(
+                method,
+                url,
+                body=json.dumps(body).encode() if body is not None else None,
+                headers=self._headers(content_type),
+                timeout=limit,
+                preload_content=False,
+                retries=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:  # the API server is unreachable or slow
             raise ApiError(f"{method} {path}: {exc}") from exc
-        return response
 
     def call(
         self,
@@ -94,9 +130,13 @@ class Kube:
     ) -> Any:
         """One request; the decoded JSON answer, or ApiError (with the HTTP status) on failure."""
         response = self._send(method, path, query, body, content_type or (JSON if body is not None else None), timeout)
-        data = response.read()
+        try:
+            data = response.read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(f"{method} {path}: {exc}") from exc
+        finally:
+            response.release_conn()
         if not 200 <= response.status <= 299:
-            message = ""
             try:
                 message = json.loads(data).get("message", "")
             except (ValueError, AttributeError):
@@ -129,16 +169,15 @@ class Kube:
             "labelSelector": label_selector,
         }
         response = self._send("GET", path, query, None, None, (5.0, timeout_seconds + 30.0))
-        raw = response.response
         try:
             if not 200 <= response.status <= 299:
                 raise ApiError(f"watch {path}: HTTP {response.status}", response.status)
-            for line in iter_resp_lines(raw):
-                if line:
-                    yield json.loads(line)
+            for line in _lines(response):
+                yield json.loads(line)
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(f"watch {path}: {exc}") from exc
         finally:
-            raw.close()
-            raw.release_conn()
+            response.release_conn()
 
     # -- the calls the operator makes ------------------------------------------------------------
     def get_pod(self, namespace: str, name: str, timeout: float = 1.0) -> dict[str, Any]:

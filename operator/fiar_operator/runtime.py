@@ -16,7 +16,7 @@ import fiar_contract as contract
 from fiar_operator import informers, reconcile
 from fiar_operator.admission import Admission, utc_now
 from fiar_operator.errors import ApiError
-from fiar_operator.kube import Kube, api_client
+from fiar_operator.kube import Kube, configuration
 from fiar_operator.metrics import Metrics
 from fiar_operator.pods import PodRecord
 from fiar_operator.server import Server
@@ -107,7 +107,7 @@ class StatusWriter:
 class Runtime:
     def __init__(self, settings: Settings, kube: Kube | None = None) -> None:
         self.settings = settings
-        self.kube = kube if kube is not None else Kube(api_client(settings.kubeconfig))
+        self.kube = kube if kube is not None else Kube(configuration(settings.kubeconfig))
         self.store = Store()
         self.metrics = Metrics(self.store.sizes)
         self.admission = Admission(self.store, self.metrics)
