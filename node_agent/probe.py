@@ -120,17 +120,17 @@ def _plan(
 ) -> SmokeOutcome | tuple[int, ...]:
     """Either the outcome of a test that does not run, or the GPUs to run it on."""
     if inv is None:
-        return SmokeOutcome.skipped(backend, KIND_NO_INVENTORY, "not run: the GPUs could not be read", degraded=True)
+        return SmokeOutcome.skipped(backend, KIND_NO_INVENTORY, "the GPUs could not be read", degraded=True)
     if backend == "mnnvl" and policy.multicast_forbidden:
         return SmokeOutcome.skipped(
             backend,
             KIND_POLICY,
-            f"not run: host policy forbids multicast ({', '.join(policy.sources)}); no multicast object is created",
+            f"host policy forbids multicast ({', '.join(policy.sources)}); no multicast object is created",
         )
     n = len(inv.gpus)
     if n < 2:
         return SmokeOutcome.skipped(
-            backend, KIND_NOT_APPLICABLE, f"not run: {n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
+            backend, KIND_NOT_APPLICABLE, f"{n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
         )
     size = world_size(backend, min(config.gpus or n, n))
     assert size is not None  # n >= 2 and 2 is a world size of every backend
@@ -142,14 +142,12 @@ def _plan(
         return SmokeOutcome.skipped(
             backend,
             KIND_BUSY,
-            f"not run: GPUs busy (compute processes {', '.join(busy)}); --force tests anyway",
+            f"GPUs busy (compute processes {', '.join(busy)}); --force tests anyway",
             degraded=True,
         )
     missing = [name for name in ("torch", "flashinfer") if not software.get(name)]
     if missing:
-        return SmokeOutcome.skipped(
-            backend, KIND_UNAVAILABLE, f"not run: {' and '.join(missing)} not installed", degraded=True
-        )
+        return SmokeOutcome.skipped(backend, KIND_UNAVAILABLE, f"{' and '.join(missing)} not installed", degraded=True)
     return devices
 
 
