@@ -261,7 +261,7 @@ def main(config: DaemonConfig, hardware: Hardware) -> int:
     client_config = load_client_config(config.kubeconfig)
     publisher = NodePublisher(client_config, config.node_name)
     metrics = AgentMetrics()
-    health = Health(stale_after_s=max(config.health_stale_s, 3 * 5.0))
+    health = Health(stale_after_s=config.health_stale_s)
     server = serve(config.metrics_addr, metrics, health) if config.metrics_addr else None
     if server is not None:
         host, port = server.server_address[:2]

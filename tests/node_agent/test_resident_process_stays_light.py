@@ -1,4 +1,4 @@
-"""The resident agent never imports torch or FlashInfer (nor the generated Kubernetes API classes)."""
+"""The resident agent never imports torch or FlashInfer, the generated Kubernetes API classes, or the operator."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ("torch", "flashinfer", "node_agent.smoke.worker", "kubernetes.client.api.core_v1_api")
+HEAVY = ("torch", "flashinfer", "node_agent.smoke.worker", "kubernetes.client.api.core_v1_api", "fiar_operator")
 
 CHECK = """
 import sys
 from node_agent import cli, daemon, publish
 rc = cli.main(["probe", "--simulate", "h100x8-nvswitch-healthy", "--json"])
 publish.Transport(publish.load_client_config(sys.argv[1]))
-heavy = [m for m in sys.modules if m in {heavy!r} or m.split(".")[0] in ("torch", "flashinfer")]
+heavy = [m for m in sys.modules if m in {heavy!r} or m.split(".")[0] in ("torch", "flashinfer", "fiar_operator")]
 print("HEAVY", heavy, file=sys.stderr)
 sys.exit(10 if heavy else rc)
 """
