@@ -27,11 +27,14 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from devcluster import build, pki
+from devcluster import build
+
+if TYPE_CHECKING:  # cryptography loads only when a plane starts (GPU hosts run tests without it)
+    from devcluster import pki
 
 
 class Tier(enum.IntEnum):
@@ -308,6 +311,8 @@ class ControlPlane:
         return names
 
     def _write_pki(self) -> None:
+        from devcluster import pki
+
         self.ca = pki.CertificateAuthority()
         self.ca_file.write_bytes(self.ca.cert_pem)
         self.ca.pair.write(self.pki_dir, "ca")
