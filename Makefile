@@ -18,10 +18,11 @@ venv: $(VENV)/.installed
 controlplane: venv  ## build etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm (cached)
 	$(PY) -m devcluster build
 
-demo: controlplane  ## start the local control plane and show how to use it
-	$(PY) -m devcluster up
+demo: controlplane  ## the local demo: control plane, agents on fake GPU nodes, operator, vLLM pods
+	$(PY) -m devcluster demo
 
-up: demo
+up: controlplane  ## only the local control plane
+	$(PY) -m devcluster up
 
 down: venv
 	$(PY) -m devcluster down

@@ -134,7 +134,6 @@ def https(admission: Admission, store: Store, cases: dict[str, bytes], rounds: i
     from pathlib import Path
 
     from devcluster import pki  # the test harness's tiny CA
-
     from fiar_operator.server import Server
     from fiar_operator.settings import Settings
 

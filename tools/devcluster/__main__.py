@@ -1,9 +1,10 @@
 """Command line for the local control plane.
 
-    python -m devcluster build            # compile the pinned binaries into the cache (once)
-    python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
-    python -m devcluster status
-    python -m devcluster down             # stop every process it started
+python -m devcluster build            # compile the pinned binaries into the cache (once)
+python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
+python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
+python -m devcluster status
+python -m devcluster down             # stop every process it started
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ def default_workdir() -> Path:
     return Path(env) if env else Path(tempfile.gettempdir()) / "fiar-devcluster"
 
 
+def _fresh_plane(workdir: Path, tier: Tier) -> ControlPlane:
+    if (workdir / "state.json").exists():
+        ControlPlane.attach(workdir).stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    build.build_all()
+    plane = ControlPlane(workdir, tier)
+    plane.start()
+    return plane
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from devcluster import demo
+
+    plane = _fresh_plane(args.dir, Tier.C)
+    print(f"control plane is up at {plane.server} (logs: {plane.log_dir})")
+    try:
+        demo.run(plane)
+    except BaseException:
+        print(plane.logs(20), file=sys.stderr)
+        plane.stop()
+        raise
+    return 0
+
+
 def _up(args: argparse.Namespace) -> int:
     workdir: Path = args.dir
     if (workdir / "state.json").exists():
@@ -31,11 +56,7 @@ def _up(args: argparse.Namespace) -> int:
         if all(ok for _, ok in plane.iter_status()):
             print(f"already running; export KUBECONFIG={plane.kubeconfig}")
             return 0
-        plane.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
-    build.build_all()
-    plane = ControlPlane(workdir, Tier[args.tier])
-    plane.start()
+    plane = _fresh_plane(workdir, Tier[args.tier])
     print(f"control plane (tier {args.tier}) is up at {plane.server}")
     print(f"logs: {plane.log_dir}")
     print(f"export KUBECONFIG={plane.kubeconfig}")
@@ -67,13 +88,15 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m devcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dir", type=Path, default=default_workdir(), help="work directory (default: %(default)s)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build the control-plane binaries")
     up = sub.add_parser("up", help="start the control plane and return")
     up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
+    sub.add_parser("demo", help="start it and run fiar end to end on fake GPU nodes")
     sub.add_parser("down", help="stop it")
     sub.add_parser("status", help="show component health")
     args = parser.parse_args(argv)
@@ -81,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             build.build_all()
             return 0
-        return {"up": _up, "down": _down, "status": _status}[args.cmd](args)
-    except (build.BuildError, ControlPlaneError) as exc:
+        return {"up": _up, "demo": _demo, "down": _down, "status": _status}[args.cmd](args)
+    except (build.BuildError, ControlPlaneError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

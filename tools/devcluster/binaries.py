@@ -16,8 +16,9 @@ def kubernetes_version() -> str:
     return next(t for t in build.TOOLS if t.name == "k8s").version()
 
 
-def run(argv: Sequence[str], *, check: bool = True, stdin: str | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str], *, check: bool = True, stdin: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(argv), capture_output=True, text=True, input=stdin, timeout=timeout)
     if check and proc.returncode != 0:
         shown = " ".join(Path(argv[0]).name if i == 0 else a for i, a in enumerate(argv[:4]))
@@ -32,8 +33,9 @@ def helm(*args: str, kubeconfig: Path | None = None, check: bool = True) -> subp
     return run(argv, check=check)
 
 
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     return run([str(build.binary_path("kubectl")), "--kubeconfig", str(kubeconfig), *args], stdin=stdin, check=check)
 
 
@@ -48,9 +50,18 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render(chart: Path, values: Mapping[str, Any] | None = None, namespace: str = "fiar-system",
-           release: str = "fiar") -> list[dict[str, Any]]:
+def render(
+    chart: Path, values: Mapping[str, Any] | None = None, namespace: str = "fiar-system", release: str = "fiar"
+) -> list[dict[str, Any]]:
     """``helm template`` for the pinned Kubernetes version, parsed into documents."""
-    proc = helm("template", release, str(chart), "--namespace", namespace,
-                "--kube-version", kubernetes_version(), *set_args(values or {}))
+    proc = helm(
+        "template",
+        release,
+        str(chart),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        kubernetes_version(),
+        *set_args(values or {}),
+    )
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]

@@ -98,8 +98,13 @@ def _ldflags(tool: Tool) -> str:
     return " ".join(flags)
 
 
-KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-               "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml")
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+)
 
 
 def kwok_stages_path() -> Path:
@@ -116,7 +121,10 @@ def _write_kwok_stages(log: TextLog) -> None:
     env = dict(os.environ, GOTOOLCHAIN="local", GOWORK="off", GOFLAGS="-mod=readonly")
     proc = subprocess.run(
         ["go", "mod", "download", "-json", "sigs.k8s.io/kwok"],
-        cwd=MODULES_DIR / "kwok", env=env, capture_output=True, text=True,
+        cwd=MODULES_DIR / "kwok",
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise BuildError(f"cannot locate the kwok module source: {proc.stderr[-2000:]}")

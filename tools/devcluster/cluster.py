@@ -76,7 +76,10 @@ class Component:
             out.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(self.argv)}\n".encode())
             out.flush()
             self._popen = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self.pid = self._popen.pid
@@ -201,7 +204,9 @@ class ControlPlane:
             raise
 
     def stop(self) -> None:
-        for name in reversed(self._order()):
+        # Programs started beside the plane first, then the plane from the top down.
+        core = self._order()
+        for name in [n for n in reversed(list(self.components)) if n not in core] + list(reversed(core)):
             comp = self.components.get(name)
             if comp is not None:
                 comp.stop()
@@ -217,6 +222,15 @@ class ControlPlane:
         comp.start()
         comp.wait_ready(120)
         self._write_state()
+
+    def start_process(self, name: str, argv: list[str], health_url: str, timeout: float = 120.0) -> Component:
+        """Start a program beside the plane (an operator, an agent); ``down`` stops it with the plane."""
+        comp = Component(name, argv, self.log_dir / f"{name}.log", health_url)
+        self.components[name] = comp
+        comp.start()
+        self._write_state()
+        comp.wait_ready(timeout)
+        return comp
 
     def stop_component(self, name: str) -> None:
         self.components[name].stop()
@@ -242,9 +256,7 @@ class ControlPlane:
         config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
         return client.ApiClient(cfg)
 
-    def write_kubeconfig(
-        self, path: Path, user: str, groups: tuple[str, ...] = (), token: str | None = None
-    ) -> Path:
+    def write_kubeconfig(self, path: Path, user: str, groups: tuple[str, ...] = (), token: str | None = None) -> Path:
         """A kubeconfig for ``user`` (client certificate) or for a bearer ``token``."""
         if token is not None:
             auth: dict[str, str] = {"token": token}
@@ -331,13 +343,16 @@ class ControlPlane:
             Component(
                 "etcd",
                 [
-                    self.binary("etcd"), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
+                    self.binary("etcd"),
+                    "--name=default",
+                    f"--data-dir={self.workdir / 'etcd'}",
                     f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
                     f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
                     f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
                     f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
                     f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-                    "--unsafe-no-fsync=true", "--log-level=warn",
+                    "--unsafe-no-fsync=true",
+                    "--log-level=warn",
                 ],
                 self.log_dir / "etcd.log",
                 f"http://127.0.0.1:{etcd_client}/health",
@@ -347,9 +362,11 @@ class ControlPlane:
                 [
                     self.binary("kube-apiserver"),
                     f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
                     f"--secure-port={self.apiserver_port}",
-                    f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
+                    f"--tls-cert-file={p / 'apiserver.crt'}",
+                    f"--tls-private-key-file={p / 'apiserver.key'}",
                     f"--client-ca-file={p / 'ca.crt'}",
                     "--authorization-mode=RBAC",
                     f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}",
@@ -360,7 +377,8 @@ class ControlPlane:
                     "--allow-privileged=true",
                     "--disable-admission-plugins=ServiceAccount",
                     "--enable-priority-and-fairness=false",
-                    "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+                    "--max-requests-inflight=0",
+                    "--max-mutating-requests-inflight=0",
                     "--v=1",
                 ],
                 self.log_dir / "kube-apiserver.log",
@@ -374,14 +392,19 @@ class ControlPlane:
                 Component(
                     "kube-controller-manager",
                     [
-                        self.binary("kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
-                        "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}",
-                        f"--root-ca-file={p / 'ca.crt'}", f"--service-account-private-key-file={p / 'sa.key'}",
+                        self.binary("kube-controller-manager"),
+                        f"--kubeconfig={self.kubeconfig}",
+                        "--leader-elect=false",
+                        "--bind-address=127.0.0.1",
+                        f"--secure-port={port}",
+                        f"--root-ca-file={p / 'ca.crt'}",
+                        f"--service-account-private-key-file={p / 'sa.key'}",
                         "--use-service-account-credentials=false",
                         f"--authentication-kubeconfig={self.kubeconfig}",
                         f"--authorization-kubeconfig={self.kubeconfig}",
                         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                        "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
+                        "--concurrent-deployment-syncs=10",
+                        "--concurrent-replicaset-syncs=10",
                         "--v=1",
                     ],
                     self.log_dir / "kube-controller-manager.log",
@@ -394,8 +417,11 @@ class ControlPlane:
                 Component(
                     "kube-scheduler",
                     [
-                        self.binary("kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
-                        "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}",
+                        self.binary("kube-scheduler"),
+                        f"--kubeconfig={self.kubeconfig}",
+                        "--leader-elect=false",
+                        "--bind-address=127.0.0.1",
+                        f"--secure-port={port}",
                         f"--authentication-kubeconfig={self.kubeconfig}",
                         f"--authorization-kubeconfig={self.kubeconfig}",
                         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
@@ -410,12 +436,14 @@ class ControlPlane:
                 Component(
                     "kwok",
                     [
-                        self.binary("kwok"), f"--kubeconfig={self.kubeconfig}",
+                        self.binary("kwok"),
+                        f"--kubeconfig={self.kubeconfig}",
                         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                         f"--config={build.kwok_stages_path()}",
                         f"--server-address=127.0.0.1:{port}",
                         "--node-lease-duration-seconds=40",
-                        "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1",
+                        "--cidr=10.244.0.1/16",
+                        "--node-ip=127.0.0.1",
                     ],
                     self.log_dir / "kwok.log",
                     f"http://127.0.0.1:{port}/healthz",
@@ -459,9 +487,7 @@ class ControlPlane:
         plane = cls(Path(workdir), Tier[state["tier"]])
         plane.apiserver_port = int(state["server"].rsplit(":", 1)[1])
         for name, info in state["components"].items():
-            plane.components[name] = Component(
-                name, info["argv"], Path(info["log"]), info["health"], pid=info["pid"]
-            )
+            plane.components[name] = Component(name, info["argv"], Path(info["log"]), info["health"], pid=info["pid"])
         return plane
 
     def iter_status(self) -> Iterator[tuple[str, bool]]:

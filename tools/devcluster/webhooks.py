@@ -67,8 +67,9 @@ class WebhookServer:
                 if patch:
                     response["patchType"] = "JSONPatch"
                     response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                                   "response": response}).encode()
+                body = json.dumps(
+                    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -96,8 +97,15 @@ def mutating_configuration(
         entry: dict[str, Any] = {
             "name": hook_name,
             "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": [operation],
-                       "resources": [resource], "scope": "Namespaced"}],
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": [operation],
+                    "resources": [resource],
+                    "scope": "Namespaced",
+                }
+            ],
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
             "failurePolicy": "Fail",

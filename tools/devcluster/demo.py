@@ -1,0 +1,263 @@
+"""The local demo: fiar end to end on the real control plane, with recorded and modelled GPU hosts.
+
+1. Start the control plane (tier C) and add one fake GPU node per host fixture that ships with the
+   agent (real recordings of 2x and 1x H200 hosts, and modelled hosts: healthy 8x H100 NVSwitch,
+   H200-NVL with a null multicast pointer, PCIe without NVLink, GB200 NVL72).
+2. Run one ``fiar-agent run --simulate <fixture>`` per node: the same agent code as on a real node,
+   with the hardware read from the fixture. Each labels its own node.
+3. Run ``fiar-operator run``, which installs its CRD and registers its webhooks on 127.0.0.1.
+4. Create a FiAllreducePolicy and a Deployment of vLLM-like pods, one per node, and print what every
+   pod got and why. Everything keeps running for you to explore until ``make down``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from devcluster import build
+from devcluster.cluster import ControlPlane, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "node_agent" / "fixtures"
+BIN = Path(sys.executable).parent
+NAMESPACE = "inference"
+LABEL_COLUMNS = ("fiar.io/gpus", "fiar.io/multicast", "fiar.io/mnnvl", "fiar.io/trtllm", "fiar.io/backend")
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not done within {timeout:.0f}s")
+        time.sleep(0.3)
+
+
+def node_name(fixture: Path) -> str:
+    return fixture.stem.replace("_", "-").lower()[:50]
+
+
+def gpu_count(fixture: Path) -> int:
+    return len(json.loads(fixture.read_text()).get("gpus") or [])
+
+
+def start_agents(plane: ControlPlane, fixtures: list[Path]) -> None:
+    for fixture in fixtures:
+        node = node_name(fixture)
+        plane.add_node(
+            node,
+            labels={"nvidia.com/gpu.present": "true"},
+            capacity={"nvidia.com/gpu": str(max(gpu_count(fixture), 1))},
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        )
+        port = free_port()
+        plane.start_process(
+            f"agent-{node}",
+            [
+                str(BIN / "fiar-agent"),
+                "run",
+                "--simulate",
+                str(fixture),
+                "--node-name",
+                node,
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "--metrics-addr",
+                f"127.0.0.1:{port}",
+            ],
+            f"http://127.0.0.1:{port}/healthz",
+        )
+        _say(f"node {node}: agent started (simulating {fixture.name})")
+
+
+def start_operator(plane: ControlPlane) -> None:
+    assert plane.ca is not None
+    cert, key = plane.ca.issue("fiar-operator", hosts=("127.0.0.1",)).write(plane.pki_dir, "operator")
+    webhook_port, metrics_port = free_port(), free_port()
+    plane.start_process(
+        "fiar-operator",
+        [
+            str(BIN / "fiar-operator"),
+            "run",
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            "--standalone",
+            "--install-crd",
+            "--register-webhooks",
+            f"https://127.0.0.1:{webhook_port}",
+            "--webhook-ca",
+            str(plane.ca_file),
+            "--webhook-host",
+            "127.0.0.1",
+            "--webhook-port",
+            str(webhook_port),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        f"http://127.0.0.1:{metrics_port}/readyz",
+    )
+    _say(f"operator ready: webhooks on https://127.0.0.1:{webhook_port}, metrics on :{metrics_port}")
+
+
+def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        objs = client.CustomObjectsApi(api)
+        _wait(lambda: _crd_ready(api), 30, "FiAllreducePolicy CRD")
+        objs.create_cluster_custom_object(
+            "fiar.io",
+            "v1alpha1",
+            "fiallreducepolicies",
+            {
+                "apiVersion": "fiar.io/v1alpha1",
+                "kind": "FiAllreducePolicy",
+                "metadata": {"name": "vllm"},
+                "spec": {
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
+                    "backends": ["mnnvl", "trtllm"],
+                    "fallbackBackend": "auto",
+                },
+            },
+        )
+        plane.create_namespace(NAMESPACE)
+        pod_spec = {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
+                }
+            ],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:latest",
+                    "args": ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        }
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "llama"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
+                "template": {"metadata": {"labels": {"app.kubernetes.io/name": "vllm"}}, "spec": pod_spec},
+            },
+        }
+        # The API server may take a moment to call a newly registered webhook: wait until a dry run
+        # shows the policy's label, so that no pod of the demo is created unmanaged.
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"generateName": "probe-", "labels": {"app.kubernetes.io/name": "vllm"}},
+            "spec": pod_spec,
+        }
+        core = client.CoreV1Api(api)
+        _wait(
+            lambda: (core.create_namespaced_pod(NAMESPACE, probe, dry_run="All").metadata.labels or {}).get(
+                "fiar.io/policy"
+            ),
+            30,
+            "webhooks active",
+        )
+        client.AppsV1Api(api).create_namespaced_deployment(NAMESPACE, deployment)
+
+        def running() -> list[Any] | None:
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=vllm").items
+            done = len(pods) == replicas and all(p.status.phase == "Running" for p in pods)
+            return pods if done else None
+
+        _wait(running, 90, "vLLM pods Running")
+
+
+def _crd_ready(api: Any) -> bool:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition("fiallreducepolicies.fiar.io")
+    except ApiException:
+        return False
+    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+
+def table(plane: ControlPlane) -> str:
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=vllm").items
+    rows = [("NODE", "GPUS", "MULTICAST", "MNNVL", "TRTLLM", "VERDICT", "POD", "POD BACKEND", "REASON")]
+    for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
+        labels = nodes.get(pod.spec.node_name, {})
+        decision = json.loads((pod.metadata.annotations or {}).get("fiar.io/decision", "{}"))
+        rows.append(
+            (
+                pod.spec.node_name,
+                *(labels.get(k, "-") for k in LABEL_COLUMNS),
+                pod.metadata.name,
+                (pod.metadata.annotations or {}).get("fiar.io/backend", "-"),
+                str(decision.get("reason", "-")),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+
+
+def run(plane: ControlPlane) -> None:
+    fixtures = sorted(FIXTURES.glob("*.json"))
+    start_operator(plane)
+    start_agents(plane, fixtures)
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        names = [node_name(f) for f in fixtures]
+        _wait(
+            lambda: all((core.read_node(n).metadata.labels or {}).get("fiar.io/backend") for n in names),
+            120,
+            "every agent's verdict",
+        )
+    _say("every node is labelled; deploying a policy and a vLLM Deployment")
+    deploy_vllm(plane, len(fixtures))
+    print()
+    print(table(plane))
+    print()
+    print("Nodes with verdict none keep the policy's fallbackBackend (auto: vLLM's own guess). On such nodes")
+    print("that guess is what crashes; `placement: VerifiedNodesOnly` keeps the pods off them instead.")
+    print()
+    kubectl = build.binary_path("kubectl")
+    print(f"export KUBECONFIG={plane.kubeconfig}")
+    print(f"{kubectl} get nodes -L {','.join(LABEL_COLUMNS)}")
+    print(f"{kubectl} get fiarp -o wide")
+    print(
+        f"{kubectl} -n {NAMESPACE} get pods -o custom-columns="
+        "POD:.metadata.name,NODE:.spec.nodeName,BACKEND:.metadata.annotations.fiar\\.io/backend"
+    )
+    print(f"{kubectl} annotate node <node> fiar.io/reprobe=now   # ask an agent for a new probe")
+    print(f"logs: {plane.log_dir}    stop everything: make down")
