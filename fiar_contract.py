@@ -1,6 +1,6 @@
 """The public contract between fiar's node agent and operator: label keys, values and annotations.
 
-Both components import these names and nothing else from each other; shared/DESIGN.md is the
+Both components import these names and nothing else from each other; docs/DESIGN.md is the
 source. Values are exact strings: vLLM accepts only ``auto``, ``trtllm`` and ``mnnvl`` (lower case)
 for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything else.
 """

@@ -1,6 +1,6 @@
 """What the agent knows about a host's GPUs, and the JSON format hosts are recorded in.
 
-The format is the one of ``shared/fixtures/h200x2-host.json`` (a real 2x H200 reading): the native
+The format is the one of ``node_agent/fixtures/h200x2-host.json`` (a real 2x H200 reading): the native
 probe prints it, ``fiar-agent inventory`` writes it, and ``--simulate`` reads it back, so a
 recorded host and a live one go through the same parser. Values keep NVML's and the CUDA driver's
 own numbering (fabric state 3 = COMPLETED, NVLink remote type 2 = NVSwitch, P2P status 0 = OK).
