@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from kubernetes.client.rest import ApiException
 import fiar_contract as contract
 from devcluster.binaries import helm, kubectl, render, set_args
 from devcluster.cluster import ControlPlane, Tier
+from devcluster.waiting import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -26,17 +26,6 @@ CHART = ROOT / "charts" / "fiar"
 NAMESPACE = "fiar-system"
 # Kinds whose CRDs belong to other projects (cert-manager, Prometheus Operator): not in this plane.
 FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout:.0f}s")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +118,7 @@ def test_install_upgrade_and_uninstall(chart_plane: ControlPlane) -> None:
 
 # -- identities from the chart --------------------------------------------------------------------
 def token_for(plane: ControlPlane, service_account: str, pod: client.V1Pod | None = None) -> str:
-    """A service-account token, bound to ``pod`` when given (the API server adds the pod's node)."""
-    spec: dict[str, Any] = {"audiences": [plane.server], "expirationSeconds": 3600}
-    if pod is not None:
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
-                                  "uid": pod.metadata.uid}
-    with plane.api_client() as api:
-        request = client.CoreV1Api(api).create_namespaced_service_account_token(
-            service_account, NAMESPACE, {"spec": spec})
-    return str(request.status.token)
+    return plane.service_account_token(NAMESPACE, service_account, pod)
 
 
 def identity_client(plane: ControlPlane, tmp_path: Path, name: str, token: str) -> Any:

@@ -10,16 +10,9 @@ used, with only its clientConfig pointed at the local operator (there is no Serv
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +21,8 @@ from kubernetes import client
 
 import fiar_contract as contract
 from devcluster.binaries import helm
-from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.cluster import Component, ControlPlane, Tier, free_port
+from devcluster.waiting import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -36,42 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fiar"
 NAMESPACE = "fiar-system"
 BIN = Path(sys.executable).parent
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout:.0f}s")
-        time.sleep(0.2)
-
-
-class Process:
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def check_alive(self) -> None:
-        if self.popen.poll() is not None:
-            raise AssertionError(f"{self.log.name} exited {self.popen.returncode}:\n{self.tail()}")
-
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +42,6 @@ def plane(controlplane_binaries: Any, tmp_path_factory: pytest.TempPathFactory) 
         yield plane
     finally:
         plane.stop()
-
-
-def _token(plane: ControlPlane, account: str, pod: Any = None) -> str:
-    spec: dict[str, Any] = {"audiences": [plane.server], "expirationSeconds": 3600}
-    if pod is not None:
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}
-    with plane.api_client() as api:
-        return str(client.CoreV1Api(api).create_namespaced_service_account_token(account, NAMESPACE,
-                                                                                 {"spec": spec}).status.token)
 
 
 def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_verified_backend(
@@ -112,26 +61,30 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
         pod = wait_for(agent_pod, what="the chart's DaemonSet placing an agent pod on the GPU node")
 
     agent_kubeconfig = plane.write_kubeconfig(tmp_path / "agent.kubeconfig", "fiar-agent",
-                                              token=_token(plane, "fiar-agent", pod))
+                                              token=plane.service_account_token(NAMESPACE, "fiar-agent", pod))
     operator_kubeconfig = plane.write_kubeconfig(tmp_path / "operator.kubeconfig", "fiar-operator",
-                                                 token=_token(plane, "fiar-operator"))
+                                                 token=plane.service_account_token(NAMESPACE, "fiar-operator"))
     assert plane.ca is not None
     cert, key = plane.ca.issue("fiar-operator", hosts=("127.0.0.1",)).write(tmp_path, "serving")
-    webhook_port, metrics_port = free_port(), free_port()
+    webhook_port, metrics_port, agent_port = free_port(), free_port(), free_port()
 
-    agent = Process([str(BIN / "fiar-agent"), "run", "--simulate", "h200x2-host", "--node-name", node,
-                     "--kubeconfig", str(agent_kubeconfig), "--metrics-addr", ""], tmp_path / "agent.log")
-    operator = Process([str(BIN / "fiar-operator"), "run", "--kubeconfig", str(operator_kubeconfig),
-                        "--webhook-host", "127.0.0.1", "--webhook-port", str(webhook_port),
-                        "--tls-cert", str(cert), "--tls-key", str(key),
-                        "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)], tmp_path / "operator.log")
+    agent = Component("agent", [str(BIN / "fiar-agent"), "run", "--simulate", "h200x2-host", "--node-name", node,
+                                "--kubeconfig", str(agent_kubeconfig), "--metrics-addr", f"127.0.0.1:{agent_port}"],
+                      tmp_path / "agent.log", f"http://127.0.0.1:{agent_port}/healthz")
+    operator = Component("operator", [str(BIN / "fiar-operator"), "run", "--kubeconfig", str(operator_kubeconfig),
+                                      "--webhook-host", "127.0.0.1", "--webhook-port", str(webhook_port),
+                                      "--tls-cert", str(cert), "--tls-key", str(key),
+                                      "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
+                         tmp_path / "operator.log", f"http://127.0.0.1:{metrics_port}/readyz")
     try:
+        agent.start()
+        operator.start()
         with plane.api_client() as api:
             core = client.CoreV1Api(api)
 
             # 1. The agent, as the chart's agent account, labels the node its pod runs on.
             def labelled() -> dict[str, str] | None:
-                agent.check_alive()
+                assert agent.alive(), agent.tail()
                 labels = core.read_node(node).metadata.labels or {}
                 return labels if labels.get(contract.LABEL_BACKEND) else None
 
@@ -147,15 +100,7 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
                      60, "the agent clearing fiar.io/reprobe")
 
             # 2. The operator, as the chart's operator account, serves the chart's webhooks.
-            def ready() -> bool:
-                operator.check_alive()
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1) as resp:
-                        return int(resp.status) == 200
-                except (urllib.error.URLError, OSError):
-                    return False
-
-            wait_for(ready, 60, "operator /readyz")
+            operator.wait_ready(60)
             admission = client.AdmissionregistrationV1Api(api)
             config = admission.read_mutating_webhook_configuration("fiar")
             ca_bundle = base64.b64encode(plane.ca.cert_pem).decode()

@@ -14,7 +14,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -25,21 +24,13 @@ from typing import Any
 import pytest
 
 from devcluster.cluster import ControlPlane, free_port
+from devcluster.waiting import wait_for
 from fiar_operator import crd, kube, webhookconfig
 from fiar_operator.errors import ApiError
 
 SESSION_LABEL = "fiar-operator-test"
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout:.0f}s")
-        time.sleep(0.1)
 
 
 class Operator:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import ControlPlane
+from devcluster.waiting import wait_for as _wait
 from devcluster.webhooks import Review, WebhookServer, mutating_configuration
 
 pytestmark = pytest.mark.controlplane
@@ -52,16 +52,6 @@ def webhook(plane_c: ControlPlane, tmp_path: Any) -> Iterator[WebhookServer]:
     assert plane_c.ca is not None
     with WebhookServer(plane_c.ca, tmp_path, {"pods": _annotate_on_create, "binding": _annotate_binding}) as srv:
         yield srv
-
-
-def _wait(predicate: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def test_pod_create_and_binding_webhooks_give_the_pod_its_nodes_value(

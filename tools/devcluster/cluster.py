@@ -84,6 +84,9 @@ class Component:
             )
         self.pid = self._popen.pid
 
+    def tail(self, lines: int = 60) -> str:
+        return _tail(self.log, lines)
+
     def alive(self) -> bool:
         if self._popen is not None:
             return self._popen.poll() is None
@@ -278,6 +281,23 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)
         return path
+
+    def service_account_token(self, namespace: str, account: str, pod: Any = None, seconds: int = 3600) -> str:
+        """A token of ``namespace/account`` from the TokenRequest API; bound to ``pod`` (a V1Pod) when
+        given, so that the API server adds the pod's node name to the requests it authenticates."""
+        from kubernetes import client
+
+        spec: dict[str, Any] = {"audiences": [self.server], "expirationSeconds": seconds}
+        if pod is not None:
+            spec["boundObjectRef"] = {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "name": pod.metadata.name,
+                "uid": pod.metadata.uid,
+            }
+        with self.api_client() as api:
+            request = client.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, {"spec": spec})
+        return str(request.status.token)
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> str:
         from kubernetes import client

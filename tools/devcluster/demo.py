@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from devcluster import build
 from devcluster.cluster import ControlPlane, free_port
+from devcluster.waiting import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "node_agent" / "fixtures"
@@ -31,17 +30,6 @@ LABEL_COLUMNS = ("fiar.io/gpus", "fiar.io/multicast", "fiar.io/mnnvl", "fiar.io/
 
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not done within {timeout:.0f}s")
-        time.sleep(0.3)
 
 
 def node_name(fixture: Path) -> str:
