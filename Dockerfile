@@ -53,7 +53,7 @@ LABEL org.opencontainers.image.title="fiar-agent" \
       org.opencontainers.image.description="fiar node agent: NVLink multicast probe and FlashInfer allreduce smoke tests"
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 \
+ && apt-get install -y --no-install-recommends python3 tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=agent-build /opt/fiar /opt/fiar
 COPY --from=agent-build /opt/fiar-kernels /opt/fiar-kernels
@@ -62,5 +62,6 @@ ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 EXPOSE 9400
-ENTRYPOINT ["fiar-agent"]
+# tini as PID 1 reaps whatever a killed smoke test leaves behind.
+ENTRYPOINT ["tini", "--", "fiar-agent"]
 CMD ["run"]

@@ -58,8 +58,9 @@ def test_chart_lints_strictly(controlplane_binaries: Any, values: dict[str, Any]
         ({"operator.webhook.timeoutSeconds": 5}, "timeoutSeconds"),
         ({"operator.image.pullPolicy": "Sometimes"}, "pullPolicy"),
         ({"defaultPolicy.spec.fallbackBackend": "NCCL"}, "fallbackBackend"),
+        ({"operator.readTimeoutSeconds": 0}, "readTimeoutSeconds"),
     ],
-    ids=["unknown-key", "webhook-timeout-too-long", "bad-pull-policy", "bad-fallback"],
+    ids=["unknown-key", "webhook-timeout-too-long", "bad-pull-policy", "bad-fallback", "zero-read-timeout"],
 )
 def test_values_schema_rejects_bad_values_with_a_readable_message(
     controlplane_binaries: Any, values: dict[str, Any], message: str
@@ -165,6 +166,11 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert kinds["FiAllreducePolicy"][0]["metadata"]["name"] == "default"
     assert "fiar.json" in next(c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard"))["data"]
     assert all("annotations" not in c["metadata"] for c in kinds["CustomResourceDefinition"])
+
+
+def test_a_single_replica_gets_no_disruption_budget_that_would_block_drains(controlplane_binaries: Any) -> None:
+    assert "PodDisruptionBudget" not in by_kind(render(CHART, {"operator.replicas": 1}))
+    assert "PodDisruptionBudget" in by_kind(render(CHART, {"operator.replicas": 2}))
 
 
 def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(controlplane_binaries: Any) -> None:

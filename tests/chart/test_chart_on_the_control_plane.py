@@ -222,4 +222,22 @@ def test_operator_account_reads_pods_but_no_secret(installed: ControlPlane, tmp_
         review = client.AuthorizationV1Api(operator).create_self_subject_rules_review(
             {"spec": {"namespace": NAMESPACE}})
         rules = json.dumps(review.status.to_dict()["resource_rules"])
-        assert "secrets" not in rules
+        assert "secrets" not in rules and "eviction" not in rules
+
+
+def test_fresh_install_with_a_default_policy_beside_another_tools_peering_crd(private_plane: Any) -> None:
+    """The default policy is created once its CRD is served, and kopf's peering CRD, when another
+    tool installed it already, is left to that tool instead of failing the install."""
+    plane = private_plane(Tier.A)
+    foreign = render(CHART, {"crds.enabled": False})
+    peering = next(d for d in foreign if d["kind"] == "CustomResourceDefinition")
+    peering["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "another-operator"}
+    kubectl(plane.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(peering))
+    helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+         "--set", "defaultPolicy.enabled=true", kubeconfig=plane.kubeconfig)
+    with plane.api_client() as api:
+        policy = client.CustomObjectsApi(api).get_cluster_custom_object(
+            contract.GROUP, contract.VERSION, contract.PLURAL, "default")
+        assert policy["spec"]["backends"] == ["mnnvl", "trtllm"]
+        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
+        assert crd.metadata.labels == {"app.kubernetes.io/managed-by": "another-operator"}
