@@ -22,11 +22,12 @@ def devcluster(workdir: Path, *args: str, timeout: float = 300) -> subprocess.Co
 
 
 def _alive(pid: int) -> bool:
+    """Running (an exited process waiting to be reaped by its new parent counts as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _pids(workdir: Path) -> list[int]:
@@ -68,3 +69,27 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
         down = devcluster(tmp_path, "down")
     assert down.returncode == 0
     assert not any(_alive(p) for p in pids)
+
+
+def test_up_refuses_to_wipe_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = devcluster(tmp_path, "up", "--tier", "A")
+    assert proc.returncode == 1
+    assert "not made by devcluster" in proc.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_down_never_kills_a_process_that_reused_a_recorded_pid(tmp_path: Path) -> None:
+    import json
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        state = {"tier": "A", "server": "https://127.0.0.1:1", "kubeconfig": str(tmp_path / "kubeconfig"),
+                 "components": {"kube-apiserver": {"pid": bystander.pid, "argv": ["/opt/kube-apiserver"],
+                                                   "log": str(tmp_path / "log"), "health": "https://127.0.0.1:1/"}}}
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        assert devcluster(tmp_path, "down").returncode == 0
+        assert bystander.poll() is None, "down killed a process it had not started"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from devcluster import build
-from devcluster.cluster import ControlPlane, ControlPlaneError, Tier
+from devcluster.cluster import MARKER, ControlPlane, ControlPlaneError, Tier
 
 
 def default_workdir() -> Path:
@@ -28,7 +28,10 @@ def default_workdir() -> Path:
 def _fresh_plane(workdir: Path, tier: Tier) -> ControlPlane:
     if (workdir / "state.json").exists():
         ControlPlane.attach(workdir).stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    if workdir.is_dir() and any(workdir.iterdir()):
+        if not (workdir / MARKER).exists():
+            raise ControlPlaneError(f"{workdir} is not empty and was not made by devcluster: choose another --dir")
+        shutil.rmtree(workdir)
     build.build_all()
     plane = ControlPlane(workdir, tier)
     plane.start()

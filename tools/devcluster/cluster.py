@@ -37,6 +37,10 @@ if TYPE_CHECKING:  # cryptography loads only when a plane starts (GPU hosts run 
     from devcluster import pki
 
 
+MARKER = ".fiar-devcluster"
+"""A file in every work directory a plane ran in: only such a directory is ever deleted."""
+
+
 class Tier(enum.IntEnum):
     A = 1
     B = 2
@@ -92,11 +96,14 @@ class Component:
             return self._popen.poll() is None
         if self.pid is None:
             return False
+        # A PID read back from state.json may have been reused since: it is ours only if it still
+        # runs the program we started.
         try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
+            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
             return False
-        return True
+        # A script runs as "<interpreter> <script> ...": its path is then the second word.
+        return self.argv[0].encode() in cmdline[:2]
 
     def healthy(self) -> bool:
         ctx: ssl.SSLContext | None = None
@@ -123,6 +130,9 @@ class Component:
 
     def stop(self, grace: float = 10.0) -> None:
         if self.pid is None:
+            return
+        if not self.alive():
+            self.pid, self._popen = None, None
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGTERM)
@@ -191,6 +201,7 @@ class ControlPlane:
 
     def start(self, timeout: float = 120.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / MARKER).touch()
         self.pki_dir.mkdir(exist_ok=True)
         self._write_pki()
         try:
