@@ -106,7 +106,10 @@ class Admission:
         return labels
 
     # -- pod CREATE ------------------------------------------------------------------------------
-    def pod_create(self, review: Review, fetched: Mapping[str, Any] | None = None) -> dict[str, Any] | Need:
+    def pod_create(
+        self, review: Review, fetched: Mapping[str, Any] | None = None, can_read: bool = True
+    ) -> dict[str, Any] | Need:
+        """The pod CREATE answer; ``fetched`` is the namespace read after a ``Need`` (None: the read failed)."""
         request = review.request
         pod = request.get("object")
         if (
@@ -120,20 +123,29 @@ class Admission:
             return respond(review)
         meta = pod["metadata"]
         namespace = str(request.get("namespace") or meta.get("namespace") or "")
-        policies = list(self.store.policies.values())
-        if not policies or not namespace:
-            self.metrics.admission("pods", "unmanaged")
-            return respond(review)
-        ns_labels = self._namespace_labels(namespace, fetched)
-        if ns_labels is None:
-            if any(not p.namespace_selector.empty for p in policies) and fetched is None:
-                return Need("namespace", namespace)
-            ns_labels = {NAMESPACE_NAME_LABEL: namespace}
-        if contract.NAMESPACE_IGNORE_LABEL in ns_labels or not covers_namespace(policies, ns_labels):
-            self.metrics.admission("pods", "unmanaged")
-            return respond(review)
         labels = meta.get("labels")
         pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+        policies = list(self.store.policies.values())
+        if not policies or not namespace:
+            return self._unmanaged(review, pod, "unmanaged")
+        ns_labels = self._namespace_labels(namespace, fetched)
+        if ns_labels is None:
+            candidates = [p for p in policies if p.pod_selector.matches(pod_labels)]
+            if any(not p.namespace_selector.empty for p in candidates):
+                if can_read:
+                    return Need("namespace", namespace)
+                # A selector with NotIn or DoesNotExist could exclude this namespace: take no pod.
+                if not review.dry_run:
+                    record = dataclasses.replace(pod_record(pod), namespace=namespace, policy=None)
+                    self.store.remember(record)
+                warning = f"labels of namespace {namespace} unknown; no policy applied"
+                return self._unmanaged(review, pod, "namespace_unknown", [warning])
+            ns_labels = {NAMESPACE_NAME_LABEL: namespace}
+        if contract.NAMESPACE_IGNORE_LABEL in ns_labels:
+            self.metrics.admission("pods", "unmanaged")
+            return respond(review)
+        if not covers_namespace(policies, ns_labels):
+            return self._unmanaged(review, pod, "unmanaged")
         plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes)
         if not review.dry_run:
             record = pod_record(plan.pod)
@@ -143,8 +155,23 @@ class Admission:
             self.store.remember(record)
         if plan.decision is not None:
             self.metrics.decision(plan.decision)
-        self.metrics.admission("pods", "mutated" if plan.ops else ("unchanged" if plan.managed else "unmanaged"))
-        return respond(review, plan.ops, plan.warnings)
+        if plan.managed:
+            self.metrics.admission("pods", "mutated" if plan.ops else "unchanged")
+            return respond(review, plan.ops, plan.warnings)
+        return self._unmanaged(review, plan.pod, "unmanaged", plan.warnings)
+
+    def _unmanaged(
+        self, review: Review, pod: Mapping[str, Any], result: str, warnings: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The answer for a pod no policy changes: only the backend default its containers may need."""
+        ops = mutation.default_backend_ops(pod)
+        warnings = list(warnings or [])
+        if ops:
+            warnings.append(f"no policy sets {contract.ANNOTATION_POD_BACKEND}, which the pod reads: set to auto")
+            if result == "unmanaged":
+                result = "defaulted"
+        self.metrics.admission("pods", result)
+        return respond(review, ops, warnings)
 
     # -- pods/binding CREATE ---------------------------------------------------------------------
     def _find_pod(

@@ -19,6 +19,21 @@ def backend_requirement(backends: Sequence[str]) -> Json:
     return {"key": contract.LABEL_BACKEND, "operator": "In", "values": list(backends)}
 
 
+def verified_requirements(backends: Sequence[str]) -> list[Json]:
+    """Requirements that admit exactly the nodes verifying one of ``backends`` (see decide.node_facts).
+
+    A node verifies trtllm when its verdict is trtllm, or when its verdict is mnnvl and its trtllm
+    test passed. With mnnvl allowed, the verdict alone decides; with trtllm only, the node needs a
+    verdict of mnnvl or trtllm and a passed trtllm test (the agent gives verdict trtllm only then).
+    """
+    if "mnnvl" in backends:
+        return [backend_requirement(backends)]
+    return [
+        backend_requirement(["mnnvl", "trtllm"]),
+        {"key": contract.LABEL_TRTLLM, "operator": "In", "values": ["pass"]},
+    ]
+
+
 def clique_requirement() -> Json:
     return {"key": contract.LABEL_CLIQUE, "operator": "Exists"}
 

@@ -19,7 +19,7 @@ import yaml
 
 from fiar_operator import __version__, crd, kube, webhookconfig
 from fiar_operator.errors import OperatorError
-from fiar_operator.settings import Settings
+from fiar_operator.settings import Settings, excluded_namespaces
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +95,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         peering=args.peering,
         priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
         liveness=args.liveness,
+        excluded_namespaces=excluded_namespaces(),
     )
 
 

@@ -36,6 +36,8 @@ Reason = Literal[
 Trigger = Literal["create", "binding", "reconcile"]
 
 VERIFIED_REASON: Final = "Verified"
+MAX_DECISION_LENGTH: Final = 4096
+"""Longest fiar.io/decision annotation that is parsed; the operator writes about 200 characters."""
 
 
 @dataclass(frozen=True)
@@ -110,12 +112,16 @@ class Decision:
 
 
 def parse_decision(raw: str | None) -> dict[str, Any] | None:
-    """The fiar.io/decision annotation as a dict, or None when absent or not ours."""
-    if not raw:
+    """The fiar.io/decision annotation as a dict, or None when absent, too long, or not ours.
+
+    Anyone who may edit a pod may write this annotation: it is read as untrusted input, so deeply
+    nested JSON (RecursionError) or any other parse failure counts as no decision.
+    """
+    if not raw or len(raw) > MAX_DECISION_LENGTH:
         return None
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

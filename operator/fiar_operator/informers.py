@@ -14,10 +14,11 @@ from typing import Any, Final
 
 from fiar_operator import kube
 from fiar_operator.errors import ApiError
-from fiar_operator.store import Store
+from fiar_operator.store import Store, describe
 
 log = logging.getLogger(__name__)
 
+MIN_BACKOFF: Final = 0.5
 MAX_BACKOFF: Final = 30.0
 
 
@@ -76,13 +77,15 @@ class Informer:
         self.thread.start()
 
     def _run(self) -> None:
-        backoff = 0.5
+        """List, then watch; on any failure list again (after a backoff). The thread never ends early."""
+        backoff = MIN_BACKOFF
         while not self.stop.is_set():
             try:
-                items, version = self.client.list(self.source.path)
-                self.store.replace_all(self.source.kind, items)
+                listing = self.client.list(self.source.path)
+                self.store.replace_all(self.source.kind, listing)
+                version = listing.resource_version
                 self._changed()
-                backoff = 0.5
+                backoff = MIN_BACKOFF
                 while not self.stop.is_set():
                     version = self._watch(version)
             except _Expired:
@@ -91,12 +94,12 @@ class Informer:
                 if exc.status == 410:
                     continue
                 log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
             except (OSError, ValueError) as exc:
                 log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+            except Exception:
+                log.exception("informer %s failed; listing again in %.1fs", self.source.kind, backoff)
+            self.stop.wait(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _watch(self, version: str) -> str:
         for event in self.client.watch(self.source.path, version, timeout_seconds=self.watch_timeout):
@@ -107,7 +110,11 @@ class Informer:
                 raise ApiError(f"watch {self.source.path}: {obj.get('message')}", obj.get("code"))
             version = str(_meta(obj).get("resourceVersion") or version)
             if kind in ("ADDED", "MODIFIED"):
-                self.source.put(self.store, obj)
+                try:
+                    self.source.put(self.store, obj)
+                except Exception:
+                    log.exception("informer %s: %s left out of the index", self.source.kind, describe(obj))
+                    continue
             elif kind == "DELETED":
                 self.source.delete(self.store, obj)
             else:

@@ -62,6 +62,36 @@ def _lines(response: Any) -> Iterator[bytes]:
             newline = buffer.find(b"\n")
 
 
+class Listing:
+    """The objects of a collection, read one page at a time while they are iterated.
+
+    Only the page being iterated is held: each object is handed out and dropped, so listing a large
+    collection into an index needs memory for one page plus the index, not for every raw object.
+    ``resource_version`` is the list's resourceVersion once the iteration has finished (the version
+    a watch continues from). A failed request raises from the iteration.
+    """
+
+    def __init__(self, kube: Kube, path: str, label_selector: str | None, page: int) -> None:
+        self.kube, self.path, self.label_selector, self.page = kube, path, label_selector, page
+        self.resource_version = ""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        token: str | None = None
+        while True:
+            query = {"limit": self.page, "continue": token, "labelSelector": self.label_selector}
+            doc = self.kube.call("GET", self.path, query, timeout=(5.0, 60.0))
+            meta = doc.get("metadata") or {}
+            items: list[dict[str, Any]] = doc.get("items") or []
+            del doc
+            items.reverse()
+            while items:
+                yield items.pop()
+            token = meta.get("continue") or None
+            if not token:
+                self.resource_version = str(meta.get("resourceVersion") or "")
+                return
+
+
 class Kube:
     """Raw JSON access to the API server with the credentials of a client Configuration.
 
@@ -144,18 +174,9 @@ class Kube:
             raise ApiError(f"{method} {path}: HTTP {response.status} {message}".strip(), response.status)
         return json.loads(data) if data else None
 
-    def list(self, path: str, label_selector: str | None = None, page: int = 500) -> tuple[list[dict[str, Any]], str]:
-        """Every object of a collection (paged) and the list's resourceVersion."""
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            doc = self.call(
-                "GET", path, {"limit": page, "continue": token, "labelSelector": label_selector}, timeout=(5.0, 60.0)
-            )
-            items += doc.get("items") or []
-            token = (doc.get("metadata") or {}).get("continue") or None
-            if not token:
-                return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+    def list(self, path: str, label_selector: str | None = None, page: int = 500) -> Listing:
+        """Every object of a collection, fetched page by page as the result is iterated."""
+        return Listing(self, path, label_selector, page)
 
     def watch(
         self, path: str, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300

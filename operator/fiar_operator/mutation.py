@@ -45,6 +45,36 @@ def is_injected(entry: Mapping[str, Any]) -> bool:
     return entry.get("name") == contract.ENV_VAR and ref.get("fieldPath") == FIELD_PATH
 
 
+def reads_backend(pod: Mapping[str, Any]) -> bool:
+    """Whether a container (or init container) of the pod has the injected env entry."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else []:
+            env = container.get("env") if isinstance(container, Mapping) else None
+            if isinstance(env, list) and any(isinstance(e, Mapping) and is_injected(e) for e in env):
+                return True
+    return False
+
+
+def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
+    """``fiar.io/backend=auto`` for a pod whose containers read that annotation but that lacks it.
+
+    Such a pod carries the injected env entry without a policy taking it (e.g. copied from a live
+    pod into a template). The kubelet would resolve the variable to "" and vLLM would raise
+    ValueError; ``auto`` is vLLM's own default.
+    """
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if isinstance(annotations, Mapping) and contract.ANNOTATION_POD_BACKEND in annotations:
+        return []
+    if not reads_backend(pod):
+        return []
+    return patches.set_map_entries(pod, ("metadata", "annotations"), {contract.ANNOTATION_POD_BACKEND: "auto"})
+
+
 def _container_ops(
     policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]
 ) -> list[patches.Op] | None:
@@ -93,7 +123,7 @@ def _placement_ops(policy: Policy, pod: Mapping[str, Any], multi: bool, warnings
         else:
             warnings.append(f"multi-pod group without label {policy.group_key_label}: not kept in one NVLink clique")
     else:
-        wanted = affinity.merge_node_requirements(current, [affinity.backend_requirement(policy.backends)])
+        wanted = affinity.merge_node_requirements(current, affinity.verified_requirements(policy.backends))
     return [] if wanted == current else [{"op": "add", "path": "/spec/affinity", "value": wanted}]
 
 

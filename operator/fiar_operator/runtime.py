@@ -144,9 +144,16 @@ class Runtime:
         self.server.stop()
 
     # -- reconciliation (active peer only) -------------------------------------------------------
+    def excluded(self, namespace: str) -> bool:
+        """Whether the webhooks never see ``namespace``: its pods are never re-annotated or sent events."""
+        if namespace in self.settings.excluded_namespaces:
+            return True
+        labels = self.store.namespaces.get(namespace)
+        return labels is not None and contract.NAMESPACE_IGNORE_LABEL in labels
+
     def _reannotate(self, record: PodRecord) -> list[Event]:
         policy = self.store.policies.get(record.policy or "")
-        if policy is None:
+        if policy is None or self.excluded(record.namespace):
             return []
         members: list[PodRecord] = []
         key = record.labels.get(policy.group_key_label)

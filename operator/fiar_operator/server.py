@@ -205,10 +205,10 @@ class Server:
 
     async def _answer(self, review: Any, webhook: str) -> dict[str, Any]:
         if webhook == "pods":
-            first = self.admission.pod_create(review)
+            first = self.admission.pod_create(review, can_read=self.kube is not None)
             if isinstance(first, Need):
                 fetched = await self._fetch(first)
-                first = self.admission.pod_create(review, fetched=fetched or {})
+                first = self.admission.pod_create(review, fetched=fetched, can_read=False)
         else:
             first = self.admission.binding(review, can_read=self.kube is not None)
             if isinstance(first, Need):

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from fiar_operator.errors import ConfigurationError
+
+ALWAYS_EXCLUDED: Final = ("kube-system",)
+
+
+def excluded_namespaces(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """Namespaces the webhooks never see: kube-system and the operator's own (``POD_NAMESPACE``)."""
+    own = environ.get("POD_NAMESPACE", "").strip()
+    return (*ALWAYS_EXCLUDED, own) if own and own not in ALWAYS_EXCLUDED else ALWAYS_EXCLUDED
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,9 @@ class Settings:
     """kopf peering: among replicas, the highest priority reconciles; the others only serve webhooks."""
     liveness: str | None = None
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz."""
+    excluded_namespaces: tuple[str, ...] = ALWAYS_EXCLUDED
+    """Namespaces whose pods the reconciler leaves alone, as the webhooks never see them (besides
+    namespaces labelled fiar.io/ignore)."""
 
     def check(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

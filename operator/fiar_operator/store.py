@@ -10,16 +10,19 @@ whose resourceVersion is older than the stored one is ignored.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fiar_operator import policy as policies
 from fiar_operator.errors import PolicyError
 from fiar_operator.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
+
+log = logging.getLogger(__name__)
 
 MEMO_LIMIT: Final = 50_000
 """Admission-memo entries kept at most (oldest dropped first)."""
@@ -35,6 +38,15 @@ def _newer(new: str, old: str) -> bool:
         return int(new) >= int(old)
     except ValueError:
         return True
+
+
+def describe(obj: Any) -> str:
+    """``namespace/name`` of an object for a log line, whatever shape it has."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "an object without metadata"
+    name = str(meta.get("name") or "?")
+    return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
 
 
 @dataclass(frozen=True)
@@ -136,10 +148,13 @@ class Store:
                 if not index[key]:
                     del index[key]
 
-    def replace_all(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> None:
+    def replace_all(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every object of a kind after a (re-)list, then mark the kind synced.
 
         The new indexes are built aside and swapped in at once: a webhook never sees a half-filled one.
+        ``objects`` is consumed once, so a paged list can be indexed page by page. An object that
+        cannot be indexed is logged and left out; it never fails the whole list. An error raised by
+        ``objects`` itself (the list failed) propagates and leaves the indexes as they were.
         """
         fresh = Store(self._clock)
         put = {
@@ -149,7 +164,10 @@ class Store:
             "pods": fresh.put_pod,
         }[kind]
         for obj in objects:
-            put(obj)
+            try:
+                put(obj)
+            except Exception:
+                log.exception("%s: %s left out of the index", kind, describe(obj))
         with self._lock:
             if kind == "nodes":
                 self.nodes, self._node_versions = fresh.nodes, fresh._node_versions

@@ -44,17 +44,24 @@ def review(request: dict[str, Any]) -> bytes:
 
 
 def create(
-    namespace: str = "ml", labels: dict[str, str] | None = None, dry_run: bool = False, name: str | None = None
+    namespace: str = "ml",
+    labels: dict[str, str] | None = None,
+    dry_run: bool = False,
+    name: str | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> bytes:
     meta: dict[str, Any] = {"labels": labels if labels is not None else {"app": "vllm"}}
     meta.update({"name": name} if name else {"generateName": "vllm-7d9f-"})
+    if annotations is not None:
+        meta["annotations"] = annotations
     return review(
         {
             "operation": "CREATE",
             "namespace": namespace,
             "dryRun": dry_run,
             "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "object": {"metadata": meta, "spec": {"containers": [{"name": "vllm"}]}},
+            "object": {"metadata": meta, "spec": {"containers": containers or [{"name": "vllm"}]}},
         }
     )
 
@@ -251,3 +258,103 @@ def test_warnings_reach_the_client(admission: Admission) -> None:
     answer = admission.pod_create(parse_review(json.dumps(body).encode()))
     assert isinstance(answer, dict)
     assert any(w.startswith("fiar: ") and "left alone" in w for w in answer["response"]["warnings"])
+
+
+EXCLUDING = {
+    "metadata": {"name": "all-but-secret", "resourceVersion": "1"},
+    "spec": {
+        "podSelector": {"matchLabels": {"app": "vllm"}},
+        "namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["secret"]}]},
+    },
+}
+
+
+def admissions(answer_metrics: Metrics, result: str) -> float:
+    value = answer_metrics.registry.get_sample_value(
+        "fiar_admission_requests_total", {"webhook": "pods", "result": result}
+    )
+    return float(value or 0.0)
+
+
+def test_pod_in_a_namespace_whose_labels_cannot_be_read_is_left_alone(admission: Admission, store: Store) -> None:
+    store.put_policy(EXCLUDING)
+    body = parse_review(create(namespace="vault"))
+    assert admission.pod_create(body) == Need("namespace", "vault")
+    answer = admission.pod_create(body, fetched=None, can_read=False)
+    assert ops(answer) == []
+    assert isinstance(answer, dict) and any("vault unknown" in w for w in answer["response"]["warnings"])
+    assert admissions(admission.metrics, "namespace_unknown") == 1
+    assert ops(admission.binding(parse_review(bind("vllm-7d9f-x2k4q", namespace="vault")))) == []
+    secret = {"metadata": {"name": "vault", "labels": {"tier": "secret"}}}
+    assert ops(admission.pod_create(body, fetched=secret, can_read=False)) == []
+    assert admissions(admission.metrics, "unmanaged") == 1
+
+
+def test_policy_for_every_namespace_takes_pods_of_unindexed_namespaces_without_a_read(store: Store) -> None:
+    store.delete_policy("vllm")
+    store.put_policy({"metadata": {"name": "everywhere"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}})
+    answer = Admission(store, Metrics()).pod_create(parse_review(create(namespace="fresh")), can_read=False)
+    applied = patches.apply(json.loads(create())["request"]["object"], ops(answer))
+    assert applied["metadata"]["labels"][contract.LABEL_POD_POLICY] == "everywhere"
+
+
+def test_namespace_labels_are_not_needed_when_no_policy_could_take_the_pod(admission: Admission) -> None:
+    answer = admission.pod_create(parse_review(create(namespace="fresh", labels={"app": "web"})))
+    assert ops(answer) == []
+
+
+INJECTED = {
+    "name": contract.ENV_VAR,
+    "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['fiar.io/backend']"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "labels", "containers"),
+    [
+        ("web", {"app": "vllm"}, [{"name": "vllm", "env": [INJECTED]}]),
+        ("ml", {"app": "other"}, [{"name": "vllm", "env": [INJECTED]}]),
+        ("ml", {"app": "other"}, [{"name": "main"}, {"name": "vllm", "env": [{"name": "A", "value": "1"}, INJECTED]}]),
+    ],
+    ids=["uncovered-namespace", "no-policy-selects-the-pod", "second-container"],
+)
+def test_unmanaged_pod_that_reads_the_backend_annotation_gets_auto(
+    admission: Admission, namespace: str, labels: dict[str, str], containers: list[dict[str, Any]]
+) -> None:
+    answer = admission.pod_create(parse_review(create(namespace, labels, containers=containers)))
+    assert ops(answer) == [
+        {"op": "add", "path": "/metadata/annotations", "value": {contract.ANNOTATION_POD_BACKEND: "auto"}}
+    ]
+    assert admissions(admission.metrics, "defaulted") == 1
+
+
+def test_pod_reading_the_backend_annotation_gets_auto_when_there_are_no_policies(store: Store) -> None:
+    store.delete_policy("vllm")
+    admission = Admission(store, Metrics())
+    body = create(containers=[{"name": "vllm", "env": [INJECTED]}], annotations={"team": "a"})
+    applied = patches.apply(json.loads(body)["request"]["object"], ops(admission.pod_create(parse_review(body))))
+    assert applied["metadata"]["annotations"] == {"team": "a", contract.ANNOTATION_POD_BACKEND: "auto"}
+    assert contract.LABEL_POD_POLICY not in applied["metadata"]["labels"]
+
+
+def test_pod_whose_containers_the_policy_does_not_select_gets_auto_without_the_policy_label(
+    admission: Admission, store: Store
+) -> None:
+    store.put_policy({**POLICY, "spec": {**POLICY["spec"], "containers": ["worker-*"]}})
+    body = create(containers=[{"name": "vllm", "env": [INJECTED]}])
+    applied = patches.apply(json.loads(body)["request"]["object"], ops(admission.pod_create(parse_review(body))))
+    assert applied["metadata"]["annotations"] == {contract.ANNOTATION_POD_BACKEND: "auto"}
+    assert contract.LABEL_POD_POLICY not in applied["metadata"]["labels"]
+
+
+def test_backend_annotation_already_set_is_kept(admission: Admission) -> None:
+    body = create("web", containers=[{"name": "vllm", "env": [INJECTED]}], annotations={"fiar.io/backend": "trtllm"})
+    assert ops(admission.pod_create(parse_review(body))) == []
+
+
+def test_managed_pod_with_the_injected_entry_gets_its_policy_not_auto(admission: Admission) -> None:
+    body = create(containers=[{"name": "vllm", "env": [INJECTED]}])
+    applied = patches.apply(json.loads(body)["request"]["object"], ops(admission.pod_create(parse_review(body))))
+    assert applied["metadata"]["labels"][contract.LABEL_POD_POLICY] == "vllm"
+    assert applied["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND] == "auto"
+    assert json.loads(applied["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])["reason"] == "Pending"

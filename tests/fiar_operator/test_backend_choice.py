@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.decide import GroupPlan, decide, node_facts, parse_decision
+from fiar_operator.decide import MAX_DECISION_LENGTH, GroupPlan, decide, node_facts, parse_decision
 from fiar_operator.policy import Policy, parse_policy
 from fiar_operator.selectors import node_constraint
 
@@ -79,6 +79,15 @@ def test_decision_annotation_names_node_verdict_policy_and_reason() -> None:
     }
     assert parse_decision(decision.to_json()) == doc
     assert parse_decision("not json") is None and parse_decision("[1]") is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["[" * 50_000, '{"a":[' * 600, json.dumps({"pad": "x" * MAX_DECISION_LENGTH})],
+    ids=["nested-50k", "nested-under-the-length-cap", "valid-but-too-long"],
+)
+def test_hostile_or_oversized_decision_annotation_reads_as_no_decision(raw: str) -> None:
+    assert parse_decision(raw) is None
 
 
 def test_clique_label_is_read() -> None:

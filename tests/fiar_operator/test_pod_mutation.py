@@ -10,8 +10,10 @@ import pytest
 
 import fiar_contract as contract
 from fiar_operator import patches
-from fiar_operator.mutation import FIELD_PATH, plan_pod_create
+from fiar_operator.decide import node_facts, verified_for
+from fiar_operator.mutation import FIELD_PATH, default_backend_ops, plan_pod_create
 from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.selectors import node_constraint
 
 BACKEND_KEY = contract.ANNOTATION_POD_BACKEND
 
@@ -143,7 +145,7 @@ def test_pod_created_with_node_name_is_decided_at_once() -> None:
     }
 
 
-def test_verified_nodes_only_adds_the_requirement_to_every_existing_term() -> None:
+def test_verified_nodes_only_trtllm_requires_a_passed_trtllm_test_in_every_existing_term() -> None:
     terms = [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
@@ -156,12 +158,32 @@ def test_verified_nodes_only_adds_the_requirement_to_every_existing_term() -> No
     )
     out = mutated(source, policy(placement="VerifiedNodesOnly", backends=["trtllm"]))
     merged = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    wanted = {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["trtllm"]}
-    assert [t["matchExpressions"][-1] for t in merged["nodeSelectorTerms"]] == [wanted, wanted]
+    wanted = [
+        {"key": contract.LABEL_BACKEND, "operator": "In", "values": ["mnnvl", "trtllm"]},
+        {"key": contract.LABEL_TRTLLM, "operator": "In", "values": ["pass"]},
+    ]
+    assert [t["matchExpressions"][-2:] for t in merged["nodeSelectorTerms"]] == [wanted, wanted]
     assert merged["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "zone"
     assert merged["nodeSelectorTerms"][1]["matchFields"] == terms[1]["matchFields"]
     assert out["spec"]["affinity"]["podAntiAffinity"] == {"x": 1}
     assert plan_pod_create(out, policy(placement="VerifiedNodesOnly", backends=["trtllm"]), {}).ops == []
+
+
+@pytest.mark.parametrize("backends", [["trtllm"], ["mnnvl"], ["mnnvl", "trtllm"], ["trtllm", "mnnvl"]])
+def test_verified_nodes_only_admits_exactly_the_nodes_that_verify_an_allowed_backend(backends: list[str]) -> None:
+    fleet = {
+        "mnnvl-trtllm-pass": {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass"},
+        "mnnvl-trtllm-fail": {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "fail"},
+        "trtllm": {contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass"},
+        "none": {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail"},
+        "unprobed": {},
+    }
+    chosen = policy(placement="VerifiedNodesOnly", backends=backends)
+    out = mutated(pod(), chosen)
+    constraint = node_constraint(out["spec"])
+    admitted = {name for name, labels in fleet.items() if constraint.admits(labels)}
+    verifying = {name for name, labels in fleet.items() if verified_for(chosen, node_facts(name, labels))}
+    assert admitted == verifying
 
 
 def test_verified_nodes_only_without_affinity_creates_one_term() -> None:
@@ -207,3 +229,13 @@ def test_non_pod_or_missing_fields_do_not_crash() -> None:
     assert plan.managed
     plan = plan_pod_create({"spec": {"containers": [{"name": "vllm", "env": "x"}]}}, policy(), {})
     assert not plan.managed and any("env is not a list" in w for w in plan.warnings)
+
+
+def test_pod_reading_the_backend_annotation_from_an_init_container_gets_auto() -> None:
+    injected = {"name": contract.ENV_VAR, "valueFrom": {"fieldRef": {"fieldPath": FIELD_PATH}}}
+    source = pod(initContainers=[{"name": "warmup", "env": [injected]}], annotations={"a": "b"})
+    assert default_backend_ops(source) == [
+        {"op": "add", "path": "/metadata/annotations/fiar.io~1backend", "value": "auto"}
+    ]
+    assert default_backend_ops(pod(annotations={BACKEND_KEY: "trtllm"}, initContainers=[{"env": [injected]}])) == []
+    assert default_backend_ops(pod({"name": "vllm", "env": [{"name": contract.ENV_VAR, "value": "auto"}]})) == []

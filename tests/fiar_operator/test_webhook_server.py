@@ -111,3 +111,32 @@ def test_webhook_answers_and_counts_requests(served: tuple[Server, Store, Path])
     exposition = server.metrics.exposition().decode()
     assert 'fiar_webhook_duration_seconds_count{webhook="pods"} 1.0' in exposition
     assert 'fiar_admission_requests_total{result="bad_request",webhook="binding"} 1.0' in exposition
+
+
+def test_pod_whose_namespace_labels_are_unknown_is_not_taken_by_an_excluding_policy(
+    served: tuple[Server, Store, Path],
+) -> None:
+    server, store, workdir = served
+    store.put_policy(
+        {
+            "metadata": {"name": "all-but-secret"},
+            "spec": {
+                "podSelector": {},
+                "namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+            },
+        }
+    )
+    ctx = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=5)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "vllm"}]}}
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "x", "operation": "CREATE", "namespace": "vault", "object": pod},
+    }
+    conn.request("POST", "/mutate/pods", json.dumps(review))
+    answer = json.loads(conn.getresponse().read())["response"]
+    assert answer["allowed"] is True and "patch" not in answer
+    assert any("vault unknown" in w for w in answer["warnings"])
+    exposition = server.metrics.exposition().decode()
+    assert 'fiar_admission_requests_total{result="namespace_unknown",webhook="pods"} 1.0' in exposition
