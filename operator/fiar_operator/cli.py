@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for the binding webhook's last-resort read of an unseen pod",
     )
     run.add_argument("--status-interval", type=float, default=0.5)
+    run.add_argument(
+        "--exclude-namespace",
+        action="append",
+        default=[],
+        help="namespace the webhooks never see, beside kube-system and $POD_NAMESPACE (repeatable)",
+    )
     run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
     run.add_argument("--peering", default="fiar", help="kopf peering name (replicas of one deployment share it)")
     run.add_argument(
@@ -95,7 +101,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         peering=args.peering,
         priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
         liveness=args.liveness,
-        excluded_namespaces=excluded_namespaces(),
+        excluded_namespaces=excluded_namespaces(extra=args.exclude_namespace),
     )
 
 

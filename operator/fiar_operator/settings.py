@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -13,10 +13,12 @@ from fiar_operator.errors import ConfigurationError
 ALWAYS_EXCLUDED: Final = ("kube-system",)
 
 
-def excluded_namespaces(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """Namespaces the webhooks never see: kube-system and the operator's own (``POD_NAMESPACE``)."""
+def excluded_namespaces(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """Namespaces the webhooks never see: kube-system, the operator's own (``POD_NAMESPACE``) and
+    ``extra`` (the chart's ``operator.webhook.excludeNamespaces``)."""
     own = environ.get("POD_NAMESPACE", "").strip()
-    return (*ALWAYS_EXCLUDED, own) if own and own not in ALWAYS_EXCLUDED else ALWAYS_EXCLUDED
+    names = [*ALWAYS_EXCLUDED, own, *(n.strip() for n in extra)]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,7 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     excluded = set(webhooks[0]["namespaceSelector"]["matchExpressions"][0]["values"])
     assert excluded == {"kube-system", "gpu-ops", "batch"}
     assert all(w["timeoutSeconds"] == 1 for w in webhooks)
+    assert "--exclude-namespace=batch" in kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     ds = kinds["DaemonSet"][0]["spec"]["template"]["spec"]
     assert ds["runtimeClassName"] == "nvidia"
     config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "gpu-fiar-agent")["data"]

@@ -71,6 +71,11 @@ def test_excluded_namespaces_are_kube_system_and_the_release_namespace() -> None
     assert excluded_namespaces({"POD_NAMESPACE": "kube-system"}) == ("kube-system",)
 
 
+def test_namespaces_the_chart_excludes_are_excluded_too() -> None:
+    assert excluded_namespaces({"POD_NAMESPACE": RELEASE}, extra=["batch", " ", RELEASE]) == (
+        "kube-system", RELEASE, "batch")
+
+
 @pytest.mark.parametrize("namespace", ["kube-system", RELEASE, "ignored"])
 def test_reconciler_never_reannotates_or_reports_pods_in_excluded_namespaces(namespace: str) -> None:
     runtime, client, pod = runtime_with(namespace)
