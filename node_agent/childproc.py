@@ -5,6 +5,13 @@ calls it, and a hung collective blocks every rank. So each native step runs in a
 (``start_new_session``): its children inherit the process group, and one ``killpg`` ends all of
 them: ranks, ninja and nvcc included. A crash becomes a return code and a signal name in the
 report; the resident agent never shares an address space with native probes.
+
+Orphans: a process whose parent dies is re-parented to PID 1 (or the nearest subreaper). When the
+agent itself is PID 1, ``start_reaper`` collects such exited orphans (``os.waitpid(-1, WNOHANG)``
+every half second, and while ``kill_group`` waits), so they do not pile up as zombies or keep a
+process group "alive". The reaper may collect a child ``run_child`` is waiting for; it then hands
+that child's wait status over, so ``run_child`` still reports the real exit code or signal (a
+``subprocess`` wait that finds the child gone, ECHILD, would read it as 0).
 """
 
 from __future__ import annotations
@@ -24,6 +31,55 @@ import node_agent
 
 PACKAGE_ROOT = Path(node_agent.__file__).resolve().parent.parent
 """The folder holding ``node_agent`` and ``fiar_contract``; children get it on PYTHONPATH."""
+
+_lock = threading.Lock()
+_owned: set[int] = set()
+"""Children ``run_child`` started and has not collected yet."""
+_reaped: dict[int, int] = {}
+"""Wait statuses of owned children the reaper collected, for ``run_child`` to pick up."""
+_reaping = False
+
+
+def reap_orphans() -> int:
+    """Collect every exited child without blocking; keeps the status of ``run_child``'s own children."""
+    collected = 0
+    while True:
+        with _lock:  # held across waitpid: run_child looks up a status only after the reaper stored it
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return collected
+            if pid == 0:
+                return collected
+            if pid in _owned:
+                _reaped[pid] = status
+        collected += 1
+
+
+def start_reaper(stop: threading.Event, interval_s: float = 0.5) -> threading.Thread:
+    """Reap exited children every ``interval_s`` until ``stop`` (for an agent running as PID 1)."""
+    global _reaping
+    _reaping = True
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            reap_orphans()
+
+    thread = threading.Thread(target=loop, name="child-reaper", daemon=True)
+    thread.start()
+    return thread
+
+
+def _collect(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for ``proc``; its real return code even if the reaper collected it first."""
+    proc.wait()
+    with _lock:
+        _owned.discard(proc.pid)
+        status = _reaped.pop(proc.pid, None)
+    if status is not None:
+        return os.waitstatus_to_exitcode(status)
+    assert proc.returncode is not None
+    return proc.returncode
 
 
 @dataclass(frozen=True)
@@ -72,12 +128,20 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def kill_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left after ``grace_s``."""
+def kill_group(pgid: int, grace_s: float, poll: Callable[[], object] | None = None) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after ``grace_s``.
+
+    A zombie still counts as a member of its group, so while waiting this collects what exited:
+    ``poll`` (the group leader's, when it is the caller's child) and, under ``start_reaper``, orphans.
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        if poll is not None:
+            poll()
+        if _reaping:
+            reap_orphans()
         if not group_alive(pgid):
             return
         time.sleep(0.05)
@@ -113,15 +177,17 @@ def run_child(
     """
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
+        with _lock:  # registered before the reaper can see it exit
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+            _owned.add(proc.pid)
         pgid = proc.pid
         timed_out = cancelled = False
         try:
@@ -141,15 +207,15 @@ def run_child(
                     break
         finally:
             if proc.returncode is None or group_alive(pgid):
-                kill_group(pgid, kill_grace_s if (timed_out or cancelled) else 0.0)
-            proc.wait()
+                kill_group(pgid, kill_grace_s if (timed_out or cancelled) else 0.0, proc.poll)
+            returncode = _collect(proc)
         if on_tick is not None:
             on_tick()
         out.seek(0)
         err.seek(0)
         return ChildResult(
             argv=tuple(argv),
-            returncode=proc.returncode,
+            returncode=returncode,
             timed_out=timed_out,
             cancelled=cancelled,
             stdout=out.read().decode(errors="replace"),

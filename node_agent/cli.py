@@ -8,10 +8,12 @@ Commands::
     fiar-agent prebuild   build FlashInfer's comm kernels ahead of time
 
 Exit codes of ``probe``: 0 ok (every label is backed by a completed step), 1 degraded (the probe
-finished but some step could not answer: no driver, GPUs busy, torch/FlashInfer missing, a rank
-timed out; the reasons say which), 2 error (invalid configuration). ``run`` exits 0 after SIGTERM
-and 2 on invalid configuration; ``inventory`` and ``prebuild`` exit 0 on success, 1 on a failed
-read or build, 2 on invalid configuration.
+finished but some step could not answer: no driver, GPUs busy, torch/FlashInfer missing, kernels
+not built or not loadable, a rank timed out; the reasons say which), 2 error (invalid
+configuration). A degraded probe in which no test passed, failed or timed out prints no
+``fiar.io/backend`` label (the daemon keeps an earlier verdict of the same hardware instead).
+``run`` exits 0 after SIGTERM and 2 on invalid configuration; ``inventory`` and ``prebuild`` exit
+0 on success, 1 on a failed read or build, 2 on invalid configuration.
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ def _add_probe_options(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="do not recommend a backend slower than NCCL by more than this fraction (default 0.10)",
     )
-    p.add_argument("--require-prebuilt", action="store_true", help="never compile kernels during a test")
+    p.add_argument(
+        "--require-prebuilt",
+        action="store_true",
+        help="never compile kernels during a test; skip GPUs that FLASHINFER_CUDA_ARCH_LIST has no kernels for",
+    )
     p.add_argument("--iters", type=int, default=50, help="timed iterations per latency measurement (default 50)")
 
 
@@ -75,11 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_probe_options(p)
     p.add_argument("--json", action="store_true", help="print the full report (with its labels) as JSON")
 
-    r = sub.add_parser("run", help="run the node daemon", epilog=EPILOG)
+    r = sub.add_parser(
+        "run",
+        help="run the node daemon",
+        description="Probe this node, label its own Node, re-probe on the interval, a driver change or "
+        "fiar.io/reprobe. A degraded probe that tested nothing conclusively (GPUs busy or unreadable, "
+        "torch/FlashInfer missing, kernels not built) never writes fiar.io/backend=none: it keeps the "
+        "previous verdict of the same driver and GPUs, or leaves fiar.io/backend out; the next probe then "
+        "comes after --retry-interval.",
+        epilog=EPILOG,
+    )
     _add_probe_options(r)
     r.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="own Node (default: $NODE_NAME)")
     r.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
     r.add_argument("--interval", type=float, default=6 * 3600.0, metavar="S", help="re-probe interval (default 6h)")
+    r.add_argument(
+        "--retry-interval",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="re-probe interval after a degraded probe (a step could not answer; busy GPUs are still not "
+        "tested) (default 600)",
+    )
     r.add_argument("--driver-check", type=float, default=60.0, metavar="S", help="driver-version check interval")
     r.add_argument("--metrics-addr", default="0.0.0.0:9400", help="HOST:PORT for /metrics and /healthz; '' disables")
     r.add_argument("--api-backoff-max", type=float, default=60.0, metavar="S", help="longest wait between API retries")

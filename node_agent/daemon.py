@@ -3,13 +3,25 @@
 Triggers of a probe: start-up; the interval; a changed driver version (checked cheaply every
 ``--driver-check`` seconds); the annotation ``fiar.io/reprobe`` on the own Node (seen through a
 watch; cleared once the new verdict is published). Triggers that arrive during a probe are merged
-into the next one.
+into the next one. After a degraded probe (a step could not answer: GPUs busy or unreadable,
+torch/FlashInfer missing, kernels not built) the next one comes after ``--retry-interval`` seconds
+(default 600) instead of ``--interval``; it still skips busy GPUs (idle guard). A degraded probe
+that tested nothing conclusively keeps the verdict labels of the previous report of the same
+hardware, or leaves ``fiar.io/backend`` unwritten; it never claims ``none`` (see ``verdict``).
+
+The previous report is read from the Node's ``fiar.io/probe-report`` at start; an annotation that
+cannot be read as a report (too large, not JSON, too deeply nested, wrong version or shape) counts
+as no previous report, with the reason logged.
 
 A verdict that cannot be written (API server down, Node not registered yet, RBAC) stays pending
 and is retried with exponential backoff; the labels are written as soon as the API answers. An
 unexpected error inside a probe is logged and retried later: the daemon never exits on its own,
 so it never crash-loops. SIGTERM/SIGINT cancel a running smoke test (its process group is killed)
 and end the loop with exit code 0.
+
+Run as PID 1 (a container without an init), the daemon also reaps exited processes re-parented to
+it (a compiler or rank whose parent was killed), so they neither pile up as zombies nor keep a
+killed process group alive; ``childproc`` keeps the exit status of its own children meanwhile.
 
 The resident process imports neither torch nor FlashInfer: every native step runs in a child.
 """
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -26,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fiar_contract as contract
+from node_agent import childproc
 from node_agent import report as report_mod
 from node_agent.errors import ConfigError, PublishError
 from node_agent.hardware import Hardware
@@ -42,6 +56,8 @@ class DaemonConfig:
     kubeconfig: str | None
     probe: ProbeConfig
     interval_s: float = 6 * 3600.0
+    retry_interval_s: float = 600.0
+    """Wait after a degraded probe (capped by ``interval_s``)."""
     driver_check_s: float = 60.0
     metrics_addr: str = "0.0.0.0:9400"
     api_backoff_max_s: float = 60.0
@@ -54,6 +70,7 @@ class DaemonConfig:
             kubeconfig=args.kubeconfig or None,
             probe=probe_config,
             interval_s=args.interval,
+            retry_interval_s=args.retry_interval,
             driver_check_s=args.driver_check,
             metrics_addr=args.metrics_addr,
             api_backoff_max_s=args.api_backoff_max,
@@ -66,6 +83,8 @@ class DaemonConfig:
             raise ConfigError("no node name: set NODE_NAME (downward API spec.nodeName) or pass --node-name")
         if not self.interval_s > 0:
             raise ConfigError(f"--interval must be positive, got {self.interval_s}")
+        if not self.retry_interval_s > 0:
+            raise ConfigError(f"--retry-interval must be positive, got {self.retry_interval_s}")
         if not self.driver_check_s > 0:
             raise ConfigError(f"--driver-check must be positive, got {self.driver_check_s}")
         if not self.api_backoff_max_s > 0:
@@ -139,7 +158,13 @@ class Agent:
         except PublishError as exc:
             log.info("no previous report (API: %s)", exc)
             return
-        self.last_report = report_mod.loads(state.annotations.get(contract.ANNOTATION_PROBE_REPORT))
+        text = state.annotations.get(contract.ANNOTATION_PROBE_REPORT)
+        self.last_report, why = report_mod.parse(text)
+        if text and self.last_report is None:
+            node = self.publisher.node_name
+            log.warning(
+                "no previous report: %s on node %s is not one (%s)", contract.ANNOTATION_PROBE_REPORT, node, why
+            )
         if state.reprobe is not None:
             self.on_node_state(state)
 
@@ -210,7 +235,11 @@ class Agent:
                 pending = (dict(doc["labels"]), report_mod.dumps(doc))
                 clear = reprobe or clear
                 next_write = 0.0
-                next_interval = time.monotonic() + cfg.interval_s
+                wait_s = cfg.interval_s
+                if doc["status"] == "degraded":
+                    wait_s = min(cfg.retry_interval_s, cfg.interval_s)
+                    log.info("degraded probe: next probe in %.0fs (--retry-interval)", wait_s)
+                next_interval = time.monotonic() + wait_s
 
             now = time.monotonic()
             if (pending is not None or clear is not None) and now >= next_write:
@@ -275,6 +304,9 @@ def main(config: DaemonConfig, hardware: Hardware) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if os.getpid() == 1:
+        childproc.start_reaper(stop)
+        log.info("running as PID 1: reaping orphaned child processes")
     log.info("fiar-agent on node %s, hardware %s", config.node_name, hardware.description)
     try:
         return agent.run(stop)

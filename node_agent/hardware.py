@@ -15,7 +15,7 @@ A fixture may carry a ``simulate`` block::
       "software": {"torch": "2.11.0", "flashinfer": "0.6.13"},   # null = not installed
       "smoke": {                                      # per backend; absent = derived (below)
         "trtllm": {"outcome": "pass" | "fail" | "null_mc_ptr" | "numerics" | "timeout" | "crash"
-                              | "missing" | "not_prebuilt",
+                              | "missing" | "not_prebuilt" | "jit_error" | "no_kernel_image",
                    "step": "graph",                   # where a timeout/crash/failure happens
                    "message": "...", "jit_s": 0.0,
                    "bench": [{"hidden": 8192, "tokens": 1, "nccl_us": 55.0, "backend_us": 20.0}]}
@@ -47,7 +47,10 @@ from node_agent.native_probe import EXIT_NVML_UNAVAILABLE
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 """Recorded and modelled hosts shipped with the agent."""
 
-SMOKE_OUTCOMES = ("pass", "fail", "null_mc_ptr", "numerics", "timeout", "crash", "missing", "not_prebuilt")
+SMOKE_OUTCOMES = (
+    "pass", "fail", "null_mc_ptr", "numerics", "timeout", "crash", "missing", "not_prebuilt", "jit_error",
+    "no_kernel_image",
+)  # fmt: skip
 JIT_ARCHES = (9, 10)
 """SM majors FlashInfer 0.6.13 builds its trtllm and mnnvl comm modules for."""
 

@@ -10,6 +10,16 @@ count (or ``--gpus``).
 Idle guard: a test runs only when no compute process uses the GPUs under test, unless forced.
 When the GPUs are busy and an earlier report for the same driver and GPUs holds a conclusive
 result, that result is kept (the report says from when), so a busy node keeps its verified labels.
+
+Prebuilt kernels: with ``require_prebuilt`` and ``FLASHINFER_CUDA_ARCH_LIST`` set, a GPU whose
+compute capability no entry of the list covers (``9.0a``: exactly SM 9.0; ``10.0``/``10.0f``: SM
+10.0 and later 10.x) is not tested: the test is skipped (degraded, kind ``not_prebuilt``), as its
+kernels were never built for it.
+
+No conclusive test: when the probe is degraded and no test passed, failed or timed out (GPUs
+unreadable, busy without a reusable result, torch/FlashInfer missing, kernels not built or not
+loadable), the verdict is not ``none``: the verdict labels of an earlier report with the same
+fingerprint and host policy are kept, else ``fiar.io/backend`` is left out (see ``verdict``).
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,13 +35,14 @@ import fiar_contract as contract
 from node_agent import report as report_mod
 from node_agent.errors import ConfigError, HardwareError
 from node_agent.hardware import Hardware
-from node_agent.inventory import Inventory
+from node_agent.inventory import Gpu, Inventory
 from node_agent.policy import HostPolicy, resolve
 from node_agent.smoke import launcher
 from node_agent.smoke.outcome import (
     KIND_BUSY,
     KIND_NO_INVENTORY,
     KIND_NOT_APPLICABLE,
+    KIND_NOT_PREBUILT,
     KIND_POLICY,
     KIND_UNAVAILABLE,
     SmokeOutcome,
@@ -103,6 +114,34 @@ def world_size(backend: contract.Backend, available: int) -> int | None:
     return max(fitting) if fitting else None
 
 
+def _covers(entry: str, cc: tuple[int, int]) -> bool | None:
+    """Whether one FLASHINFER_CUDA_ARCH_LIST entry has kernels for ``cc``; None if it cannot be read."""
+    major_text, _, minor_text = entry.partition(".")
+    suffix = minor_text.lstrip("0123456789")
+    digits = minor_text[: len(minor_text) - len(suffix)]
+    if not major_text.isdigit() or not digits or suffix not in ("", "a", "f"):
+        return None
+    major, minor = int(major_text), int(digits)
+    if suffix == "a":  # architecture-specific code runs on exactly that compute capability
+        return cc == (major, minor)
+    return cc[0] == major and cc[1] >= minor
+
+
+def arch_mismatch(gpus: Sequence[Gpu], arch_list: str | None) -> str | None:
+    """Why ``FLASHINFER_CUDA_ARCH_LIST`` has no kernels for one of ``gpus``, or None (covered, or unknown)."""
+    entries = (arch_list or "").split()
+    for g in gpus:
+        if g.cc is None:
+            continue
+        covers = [_covers(entry, g.cc) for entry in entries]
+        if any(c is not None for c in covers) and not any(covers):
+            return (
+                f"GPU {g.index} is SM {g.cc_str} but FLASHINFER_CUDA_ARCH_LIST={arch_list!r} builds no kernels "
+                "for it and --require-prebuilt forbids compiling"
+            )
+    return None
+
+
 def host_policy(hw: Hardware, config: ProbeConfig, environ: Mapping[str, str]) -> HostPolicy:
     environments: list[tuple[str, Mapping[str, str]]] = [("env", environ)]
     if hw.simulated:
@@ -117,6 +156,7 @@ def _plan(
     config: ProbeConfig,
     software: Mapping[str, str | None],
     reuse: Mapping[contract.Backend, SmokeOutcome],
+    environ: Mapping[str, str],
 ) -> SmokeOutcome | tuple[int, ...]:
     """Either the outcome of a test that does not run, or the GPUs to run it on."""
     if inv is None:
@@ -148,6 +188,10 @@ def _plan(
     missing = [name for name in ("torch", "flashinfer") if not software.get(name)]
     if missing:
         return SmokeOutcome.skipped(backend, KIND_UNAVAILABLE, f"{' and '.join(missing)} not installed", degraded=True)
+    if config.require_prebuilt:
+        mismatch = arch_mismatch([g for g in inv.gpus if g.index in devices], environ.get("FLASHINFER_CUDA_ARCH_LIST"))
+        if mismatch is not None:
+            return SmokeOutcome.skipped(backend, KIND_NOT_PREBUILT, mismatch, degraded=True)
     return devices
 
 
@@ -162,13 +206,14 @@ def probe(
     node: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ProbeResult:
-    """Probe ``hw`` once. ``previous`` is an earlier report whose results may be kept (busy GPUs)."""
+    """Probe ``hw`` once. ``previous`` is an earlier report whose results may be kept (busy GPUs, no
+    conclusive test). ``environ`` is the agent's environment (host policy, FLASHINFER_CUDA_ARCH_LIST)."""
     say: Progress = progress or (lambda _line: None)
     started, t0 = time.time(), time.monotonic()
-    policy = host_policy(hw, config, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    policy = host_policy(hw, config, env)
     if policy.multicast_forbidden:
         say(f"policy: multicast forbidden ({', '.join(policy.sources)})")
-    software = hw.software_versions()
 
     say("inventory: reading NVML and the CUDA driver (child process)")
     inv: Inventory | None = None
@@ -178,14 +223,20 @@ def probe(
     except HardwareError as exc:
         inventory_error = f"inventory unavailable: {exc}"
         say(inventory_error)
+    software = hw.software_versions()  # after the inventory: a simulated host is re-read there
     if inv is not None:
         models = ", ".join(sorted({g.name for g in inv.gpus})) or "no GPUs"
         say(f"inventory: {len(inv.gpus)} GPU(s) ({models}), driver {inv.driver_version}, CUDA {inv.cuda_driver_str}")
     reuse = report_mod.reusable_tests(previous, inv.fingerprint()) if inv is not None else {}
+    kept = (
+        report_mod.previous_verdict(previous, inv.fingerprint(), policy.multicast_forbidden)
+        if inv is not None
+        else None
+    )
 
     tests: dict[contract.Backend, SmokeOutcome] = {}
     for backend in contract.BACKENDS:  # mnnvl first (when allowed), then trtllm
-        plan = _plan(backend, inv, policy, config, software, reuse)
+        plan = _plan(backend, inv, policy, config, software, reuse, env)
         if isinstance(plan, SmokeOutcome):
             tests[backend] = plan
             say(f"{backend}: {plan.result} ({plan.reason})")
@@ -211,7 +262,7 @@ def probe(
         tests[backend] = outcome
         say(f"{backend}: {outcome.result}" + (f" ({outcome.reason})" if outcome.reason else ""))
 
-    verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error)
+    verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error, previous=kept)
     doc = report_mod.build(
         hardware=hw.description,
         started_at=started,

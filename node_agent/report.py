@@ -18,9 +18,13 @@ Schema ``fiar.io/probe-report``, version 1. Top-level keys:
                              test), numerics, latency, benchmark points, the child's policy env
 ``benchmark``                per passing backend: geometric-mean ratio to NCCL and the margin
 ``config``                   the probe options that shape results (timeout, ranks, benchmark)
+``labels_kept_from``         only when no smoke test was conclusive and the verdict labels of an
+                             earlier report (same fingerprint and host policy) were kept: its
+                             ``probe_time``
 
 The annotation is kept compact (no whitespace) and well under Kubernetes' 256 KiB budget for all
-annotations of an object.
+annotations of an object. Reading one back (``parse``) never raises: an annotation that is too
+large, not JSON, nested too deeply, of another version or of the wrong shape is no report.
 """
 
 from __future__ import annotations
@@ -35,11 +39,20 @@ from node_agent import __version__
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SmokeOutcome
-from node_agent.verdict import Verdict
+from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
 
 SCHEMA = "fiar.io/probe-report"
 VERSION = 1
 MAX_BYTES = 64 * 1024
+MAX_READ_BYTES = 256 * 1024
+"""A longer annotation is not read at all (the API server's budget for all annotations of an object)."""
+
+_ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
+    contract.LABEL_BACKEND: contract.BACKEND_VERDICTS,
+    contract.LABEL_MULTICAST: contract.MULTICAST_STATES,
+    contract.LABEL_MNNVL: contract.TEST_RESULTS,
+    contract.LABEL_TRTLLM: contract.TEST_RESULTS,
+}
 
 
 def rfc3339(ts: float) -> str:
@@ -128,6 +141,8 @@ def build(
         "benchmark": {name: j.to_dict() for name, j in verdict.bench.items()},
         "config": dict(config),
     }
+    if verdict.kept_from is not None:
+        report["labels_kept_from"] = verdict.kept_from
     return report
 
 
@@ -143,17 +158,30 @@ def dumps(report: Mapping[str, Any]) -> str:
     return json.dumps(slim, separators=(",", ":"), default=str)
 
 
-def loads(text: str | None) -> dict[str, Any] | None:
-    """A report of this schema and version, or None (absent, garbage, other version)."""
+def parse(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(report, None), or (None, why it is not one); never raises, whatever the text."""
     if not text:
-        return None
+        return None, "no report"
+    if len(text) > MAX_READ_BYTES:
+        return None, f"{len(text)} characters, over the {MAX_READ_BYTES} read limit"
     try:
         doc = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
-        return None
-    return doc
+    except Exception as exc:  # ValueError, RecursionError (deep nesting), MemoryError, ...
+        return None, f"not JSON ({type(exc).__name__})"
+    if not isinstance(doc, dict):
+        return None, f"a JSON {type(doc).__name__}, not an object"
+    if doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
+        return None, f"schema {str(doc.get('schema'))[:60]!r} version {str(doc.get('version'))[:20]!r}"
+    shapes = {"labels": dict, "tests": dict, "policy": dict, "fingerprint": str, "probe_time": str}
+    for key, kind in shapes.items():
+        if doc.get(key) is not None and not isinstance(doc[key], kind):
+            return None, f"{key} is a {type(doc[key]).__name__}, not a {kind.__name__}"
+    return doc, None
+
+
+def loads(text: str | None) -> dict[str, Any] | None:
+    """A report of this schema and version, or None (absent, garbage, other version, too large)."""
+    return parse(text)[0]
 
 
 def reusable_tests(previous: Mapping[str, Any] | None, fingerprint: str) -> dict[contract.Backend, SmokeOutcome]:
@@ -167,9 +195,26 @@ def reusable_tests(previous: Mapping[str, Any] | None, fingerprint: str) -> dict
             continue
         try:
             outcome = SmokeOutcome.from_dict(name, raw)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
         if outcome.result in ("pass", "fail") and not outcome.degraded:
             when = outcome.reused_from or str(previous.get("probe_time"))
             found[name] = SmokeOutcome.from_dict(name, {**raw, "reused_from": when})
     return found
+
+
+def previous_verdict(
+    previous: Mapping[str, Any] | None, fingerprint: str, multicast_forbidden: bool
+) -> PreviousVerdict | None:
+    """The verdict labels of an earlier report for the same driver, GPUs and host policy, if it wrote one."""
+    if not previous or previous.get("fingerprint") != fingerprint:
+        return None
+    policy, labels = previous.get("policy"), previous.get("labels")
+    if not isinstance(policy, dict) or policy.get("multicast_forbidden") is not multicast_forbidden:
+        return None
+    if not isinstance(labels, dict):
+        return None
+    kept = {k: labels[k] for k in VERDICT_LABELS if k in labels}
+    if contract.LABEL_BACKEND not in kept or any(v not in _ALLOWED_VALUES[k] for k, v in kept.items()):
+        return None
+    return PreviousVerdict(labels=kept, probe_time=str(previous.get("probe_time")))

@@ -6,6 +6,7 @@ Labels (values are exactly those of ``fiar_contract``):
     ``mnnvl`` if its smoke test passed, else ``trtllm`` if its test passed, else ``none``; a
     backend whose benchmark is slower than NCCL by more than the margin is passed over (see
     ``judge_bench``). One GPU or none: ``none`` (there is no allreduce between GPUs on the node).
+    ``none`` is a finding, so it is only written when the probe is conclusive; see below.
 ``fiar.io/multicast``
     ``disabled`` when the host policy forbids it (whatever the hardware says); ``unsupported`` when
     ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` reads 0 on a GPU, libcuda lacks
@@ -21,7 +22,14 @@ Labels (values are exactly those of ``fiar_contract``):
     cluster; absent otherwise (single-node NVSwitch fabrics report an all-zero cluster UUID).
 
 The probe is ``degraded`` when a step could not give an answer (no inventory, a timeout, missing
-software, busy GPUs); a backend that fails its test is a finding, not a degradation.
+software, busy GPUs, kernels that could not be built or loaded); a backend that fails its test is a
+finding, not a degradation.
+
+A degraded probe in which no smoke test was conclusive (none passed, failed or timed out) claims no
+verdict: with a ``PreviousVerdict`` (an earlier report of the same driver, GPUs and host policy
+that wrote ``fiar.io/backend``) its ``backend``, ``multicast``, ``mnnvl`` and ``trtllm`` labels are
+kept; without one ``fiar.io/backend`` is left out (absent means "not probed", not ``none``). The
+reasons say which.
 """
 
 from __future__ import annotations
@@ -40,6 +48,17 @@ DEFAULT_BENCH_MARGIN = 0.10
 """A backend whose geometric-mean latency is more than 10% above plain NCCL's is not recommended."""
 
 Status = Literal["ok", "degraded"]
+
+VERDICT_LABELS = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, contract.LABEL_MNNVL, contract.LABEL_TRTLLM)
+"""The labels a smoke test decides; ``fiar.io/gpus`` and ``fiar.io/clique`` are read from NVML."""
+
+
+@dataclass(frozen=True)
+class PreviousVerdict:
+    """The labels of an earlier report of the same driver, GPUs and host policy (``report.previous_verdict``)."""
+
+    labels: Mapping[str, str]
+    probe_time: str
 
 
 @dataclass(frozen=True)
@@ -68,11 +87,14 @@ class BenchJudgement:
 @dataclass(frozen=True)
 class Verdict:
     labels: dict[str, str]
-    backend: contract.Verdict
+    backend: contract.Verdict | None
+    """None: no smoke test was conclusive and there was no previous verdict to keep."""
     multicast: contract.Multicast
     reasons: tuple[str, ...]
     status: Status
     bench: Mapping[str, BenchJudgement] = field(default_factory=dict)
+    kept_from: str | None = None
+    """Probe time of the report whose verdict labels were kept (inconclusive probe)."""
 
 
 def judge_bench(outcome: SmokeOutcome, margin: float) -> BenchJudgement | None:
@@ -134,6 +156,7 @@ def decide(
     *,
     margin: float = DEFAULT_BENCH_MARGIN,
     inventory_error: str | None = None,
+    previous: PreviousVerdict | None = None,
 ) -> Verdict:
     reasons: list[str] = []
     if inventory_error:
@@ -167,7 +190,9 @@ def decide(
         if backend == "none":
             backend = name
     gpus = len(inv.gpus) if inv is not None else 0
-    if backend == "none":
+    degraded = inv is None or any(t.degraded for t in tests.values())
+    inconclusive = degraded and all(t.result == "skipped" for t in tests.values())
+    if backend == "none" and not inconclusive:
         if inv is not None and gpus < 2:
             reasons.append(
                 f"backend none: {gpus} GPU{'s' if gpus != 1 else ''}, no allreduce between GPUs on this node"
@@ -186,12 +211,39 @@ def decide(
         value = clique(inv)
         if value is not None:
             labels[contract.LABEL_CLIQUE] = value
-    degraded = inv is None or any(t.degraded for t in tests.values())
+    verdict: contract.Verdict | None = backend
+    kept_from: str | None = None
+    if inconclusive and previous is not None:
+        for key in VERDICT_LABELS:
+            if key in previous.labels:
+                labels[key] = previous.labels[key]
+        verdict = _verdict_value(labels[contract.LABEL_BACKEND])
+        multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), multicast)
+        kept_from = previous.probe_time
+        reasons.append(
+            f"no smoke test gave an answer; the verdict labels of the probe at {previous.probe_time} "
+            "(same driver, GPUs and host policy) are kept"
+        )
+    elif inconclusive:
+        del labels[contract.LABEL_BACKEND]
+        verdict = None
+        reasons.append(
+            "no verdict: no smoke test gave an answer and there is no earlier verdict of the same driver, GPUs "
+            f"and host policy to keep; {contract.LABEL_BACKEND} is not written (absent means not probed)"
+        )
     return Verdict(
         labels=labels,
-        backend=backend,
+        backend=verdict,
         multicast=multicast,
         reasons=tuple(dict.fromkeys(reasons)),
         status="degraded" if degraded else "ok",
         bench=judgements,
+        kept_from=kept_from,
     )
+
+
+def _verdict_value(value: str) -> contract.Verdict | None:
+    for candidate in contract.BACKEND_VERDICTS:
+        if value == candidate:
+            return candidate
+    return None

@@ -8,11 +8,15 @@ supervisor's summary and the child's exit into one ``SmokeOutcome``. The rules, 
 2. the agent was stopped meanwhile: ``skipped`` (degraded);
 3. a rank could not import torch/FlashInfer: ``skipped`` (degraded, kind ``unavailable``);
 4. a rank refused (host policy) or found the kernels not prebuilt: ``skipped``;
-5. a rank reported a failed step: ``fail`` with that rank's kind (``null_mc_ptr``, ``numerics``,
+5. a rank failed in the ``jit`` step (kernel build or load: a compile error, a missing prebuilt
+   module) or CUDA had no kernel image for the device (``cudaErrorNoKernelImageForDevice``, e.g.
+   an architecture the image did not build for): ``skipped`` (degraded, kind ``jit`` or
+   ``no_kernel_image``): neither says anything about the backend;
+6. a rank reported a failed step: ``fail`` with that rank's kind (``null_mc_ptr``, ``numerics``,
    ``error``);
-6. a rank died from a signal it was not sent by the supervisor: ``fail`` (kind ``crash``);
-7. every rank reported ``done``: ``pass``;
-8. anything else (a rank exited without a verdict): ``fail`` (kind ``error``).
+7. a rank died from a signal it was not sent by the supervisor: ``fail`` (kind ``crash``);
+8. every rank reported ``done``: ``pass``;
+9. anything else (a rank exited without a verdict): ``fail`` (kind ``error``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ KIND_NOT_APPLICABLE = "not_applicable"
 KIND_NOT_PREBUILT = "not_prebuilt"
 KIND_CANCELLED = "cancelled"
 KIND_NO_INVENTORY = "no_inventory"
+KIND_JIT = "jit"
+KIND_NO_KERNEL_IMAGE = "no_kernel_image"
+UNTESTED_KINDS = frozenset({KIND_JIT, KIND_NO_KERNEL_IMAGE})
+"""Kinds of a failed step that say nothing about the backend: the test is skipped, not failed."""
+NO_KERNEL_IMAGE_MARKERS = ("no kernel image is available", "nokernelimagefordevice")
 
 DEFAULT_BENCH_HIDDEN = (4096, 8192)
 DEFAULT_BENCH_TOKENS = (1, 8, 64, 256, 1024, 4096)
@@ -184,6 +193,16 @@ class SmokeOutcome:
         )
 
 
+def failure_kind(step: str, message: str, kind: str = KIND_ERROR) -> str:
+    """The kind of a failed step: CUDA's "no kernel image" anywhere, any error in ``jit``, else ``kind``."""
+    lowered = message.lower()
+    if any(marker in lowered for marker in NO_KERNEL_IMAGE_MARKERS):
+        return KIND_NO_KERNEL_IMAGE
+    if step == "jit":
+        return KIND_JIT
+    return kind
+
+
 def _last(events: Sequence[Mapping[str, Any]], status: str) -> Mapping[str, Any] | None:
     found: Mapping[str, Any] | None = None
     for event in events:
@@ -311,6 +330,15 @@ def classify(
         r, e = by_status["not_prebuilt"][0]
         reason = f"kernels are not prebuilt and JIT was not allowed: {e.get('error', '')}".rstrip(": ")
         return SmokeOutcome(b, "skipped", KIND_NOT_PREBUILT, reason, True, **common)
+    for r, e in by_status["fail"]:
+        step, error = str(e.get("step")), str(e.get("error", "failed"))
+        kind = failure_kind(step, error, str(e.get("kind", KIND_ERROR)))
+        if kind in UNTESTED_KINDS:
+            what = "the kernels could not be built or loaded"
+            if kind == KIND_NO_KERNEL_IMAGE:
+                what = "CUDA has no kernel image for this GPU"
+            reason = f"rank {r}, step {step}: {what} ({error}); the backend was not tested"
+            return SmokeOutcome(b, "skipped", kind, reason, True, **common)
     if by_status["fail"]:
         r, e = by_status["fail"][0]
         kind = str(e.get("kind", KIND_ERROR))

@@ -3,8 +3,10 @@
 It reports the same events as ``worker`` (with ``simulated: true`` and modelled durations) and
 behaves like a real rank where it matters to the agent: ``timeout`` blocks in the named step until
 the launcher kills the process group, ``crash`` ends the last rank with SIGSEGV while its peers
-wait, ``missing`` reports an import failure. It imports neither torch nor FlashInfer, and it
-refuses mnnvl under a forbidding host policy exactly as the real worker does.
+wait, ``missing`` reports an import failure, ``jit_error`` a failed kernel build, ``no_kernel_image``
+CUDA's "no kernel image is available for execution on the device" in the named step. It imports
+neither torch nor FlashInfer, and it refuses mnnvl under a forbidding host policy exactly as the
+real worker does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from node_agent import hardware, inventory, policy
 from node_agent.smoke.events import EventLog
+from node_agent.smoke.outcome import failure_kind
 
 MODELLED_STEPS = {"import": 0.0, "init": 0.0, "jit": 0.0, "workspace": 0.0, "eager": 0.0, "graph": 0.0}
 
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if outcome == "not_prebuilt":
         log.emit("jit", "not_prebuilt", error=message or "trtllm_comm is not in the JIT cache")
         return 1
+    if outcome == "jit_error":
+        error = message or "RuntimeError: Ninja build failed: trtllm_comm (simulated compile error)"
+        log.emit("jit", "fail", kind=failure_kind("jit", error), error=error)
+        return 1
     emit_ok("jit", cached=bool(spec.get("jit_cached", True)), source="simulated")
 
     for step in ("workspace", "eager", "graph"):
@@ -82,15 +89,18 @@ def main(argv: list[str] | None = None) -> int:
             if rank == world - 1:
                 os.kill(os.getpid(), signal.SIGSEGV)
             _block_forever()
-        if failing_here and outcome in ("fail", "null_mc_ptr", "numerics"):
-            kind = {"fail": "error", "null_mc_ptr": "null_mc_ptr", "numerics": "numerics"}[outcome]
+        if failing_here and outcome in ("fail", "null_mc_ptr", "numerics", "no_kernel_image"):
+            kind = {"fail": "error", "null_mc_ptr": "null_mc_ptr", "numerics": "numerics"}.get(outcome, "error")
             default = {
-                "error": "simulated failure",
+                "fail": "simulated failure",
                 "null_mc_ptr": "the mnnvl workspace was created with a null multicast pointer (mc_ptr == 0); "
                 "no kernel was run",
                 "numerics": "eager call 1: values differ from the reference sum",
-            }[kind]
-            log.emit(step, "fail", kind=kind, error=message or default)
+                "no_kernel_image": "AcceleratorError: CUDA error: no kernel image is available for execution on "
+                "the device",
+            }[outcome]
+            error = message or default
+            log.emit(step, "fail", kind=failure_kind(step, error, kind), error=error)
             return 1
         fields: dict[str, Any] = {}
         if step in ("eager", "graph"):
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _default_step(outcome: str) -> str:
     return {"null_mc_ptr": "workspace", "fail": "workspace", "numerics": "eager", "crash": "workspace",
-            "timeout": "graph"}.get(outcome, "")  # fmt: skip
+            "timeout": "graph", "no_kernel_image": "eager"}.get(outcome, "")  # fmt: skip
 
 
 if __name__ == "__main__":

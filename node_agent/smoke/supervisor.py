@@ -6,12 +6,14 @@ group, so the launcher's hard timeout kills ranks and their compilers with one `
 
 A rank that fails leaves its peers blocked in a collective; after ``--peer-grace`` seconds the
 supervisor kills them (and records which ones it killed, so their signal is not read as a crash).
-``<events-dir>/supervisor.json`` holds every rank's return code.
+``<events-dir>/supervisor.json`` holds every rank's return code. On SIGTERM (the launcher's
+timeout or cancel) it kills its ranks and waits for them before exiting, so none is left a zombie.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -41,7 +43,7 @@ def _rank_env(rank: int, ranks: int, port: int, events: Path) -> dict[str, str]:
 
 
 def supervise(ranks: int, events: Path, port: int, argv: list[str], peer_grace_s: float) -> dict[str, Any]:
-    procs = [subprocess.Popen(argv, env=_rank_env(r, ranks, port, events)) for r in range(ranks)]
+    procs: list[subprocess.Popen[bytes]] = []
     killed: list[int] = []
     first_failure: int | None = None
     failed_at: float | None = None
@@ -50,9 +52,17 @@ def supervise(ranks: int, events: Path, port: int, argv: list[str], peer_grace_s
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        # Reap them: an unwaited rank outlives this process as a zombie. os.waitpid, not Popen.wait,
+        # whose lock the interrupted poll() in the loop below may hold.
+        for p in procs:
+            if p.returncode is None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(p.pid, 0)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    for r in range(ranks):
+        procs.append(subprocess.Popen(argv, env=_rank_env(r, ranks, port, events)))
     while True:
         codes = [p.poll() for p in procs]  # poll every rank: any() would stop at the first running one
         if all(code is not None for code in codes):

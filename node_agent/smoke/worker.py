@@ -7,6 +7,8 @@ Started by ``node_agent.smoke.supervisor`` with ``RANK``, ``WORLD_SIZE``, ``MAST
 2. ``init``     a NCCL ``torch.distributed`` group, one rank per GPU;
 3. ``jit``      build or load the backend's comm module, timed apart from the test (rank 0 first,
                 then the others load what it built); ``--require-prebuilt`` refuses to compile;
+                an error here (kind ``jit``) or CUDA's "no kernel image is available" in any step
+                (kind ``no_kernel_image``) leaves the backend untested, not failed;
 4. ``workspace`` ``create_allreduce_fusion_workspace(backend, comm_backend=TorchDistBackend(pg),
                 group=pg)``; for mnnvl the multicast pointer must be non-null on every rank before
                 any kernel runs (FlashInfer 0.6.13 builds the workspace with ``mc_ptr == 0`` on hosts
@@ -40,6 +42,7 @@ from typing import Any
 
 from node_agent import policy
 from node_agent.smoke.events import EventLog
+from node_agent.smoke.outcome import failure_kind
 
 EXIT_FAIL = 1
 EXIT_MISSING = 3
@@ -200,7 +203,7 @@ class Rank:
                 group=self.pg,
             )
         except Exception as exc:
-            kind = "null_mc_ptr" if "multicast" in str(exc).lower() else "error"
+            kind = failure_kind("workspace", str(exc), "null_mc_ptr" if "multicast" in str(exc).lower() else "error")
             raise StepFailed("workspace", kind, f"workspace creation failed: {type(exc).__name__}: {exc}") from exc
         fields: dict[str, Any] = {"max_token_num": tokens, "hidden_dim": hidden}
         if args.backend == "mnnvl":
@@ -380,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(EXIT_FAIL)
     except Exception as exc:
         tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
-        log.emit(rank.step, "fail", kind="error", error=f"{type(exc).__name__}: {exc} [{tb}]")
+        error = f"{type(exc).__name__}: {exc} [{tb}]"
+        log.emit(rank.step, "fail", kind=failure_kind(rank.step, error), error=error)
         sys.stdout.flush()
         os._exit(EXIT_FAIL)
     log.emit("done", "done")

@@ -68,6 +68,10 @@ def test_degraded_probe_exits_1(host_file: Callable[..., Path]) -> None:
         (["run", "--simulate", "h200x2-host"], "no node name"),
         (["run", "--simulate", "h200x2-host", "--node-name", "n", "--kubeconfig", "/nonexistent"], "cannot load"),
         (["run", "--simulate", "h200x2-host", "--node-name", "n", "--interval", "-1"], "--interval must be positive"),
+        (
+            ["run", "--simulate", "h200x2-host", "--node-name", "n", "--retry-interval", "0"],
+            "--retry-interval must be positive",
+        ),
         (["run", "--simulate", "h200x2-host", "--node-name", "n", "--metrics-addr", "nope"], "HOST:PORT"),
     ],
 )

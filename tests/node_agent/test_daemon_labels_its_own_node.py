@@ -1,9 +1,12 @@
 """``fiar-agent run`` against a real kube-apiserver: labels its own Node and no other, removes stale
-labels it owns, honours and clears ``fiar.io/reprobe``, re-probes on a driver change, stops on SIGTERM."""
+labels it owns, honours and clears ``fiar.io/reprobe``, re-probes on a driver change, stops on SIGTERM;
+after a probe that could not test it keeps the verdict of the same hardware (or writes no backend)
+and retries after ``--retry-interval``; a hostile report annotation does not stop it."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,4 +145,85 @@ def test_driver_change_triggers_a_probe(
 
     eventually_fn(driver_in_report, what="a report of the new driver")
     assert "driver version changed: 580.159.04 -> 590.10.01" in d.output()
+    assert d.stop() == 0
+
+
+def _software(fixture: Path, torch: str | None) -> None:
+    doc = json.loads(fixture.read_text())
+    doc["simulate"] = {"software": {"torch": torch, "flashinfer": "0.6.13"}}
+    fixture.write_text(json.dumps(doc))
+
+
+def _report(plane: ControlPlane, name: str) -> dict[str, Any] | None:
+    return report.loads((node(plane, name).metadata.annotations or {}).get(contract.ANNOTATION_PROBE_REPORT))
+
+
+def test_inconclusive_probe_keeps_the_verdict_and_retries_sooner(
+    plane_a: ControlPlane,
+    unique: str,
+    daemon: Callable[..., Any],
+    host_file: Callable[..., Path],
+    eventually_fn: Callable[..., Any],
+) -> None:
+    own = f"gpu-{unique}"
+    plane_a.add_node(own)
+    fixture = host_file("h200x2-host")
+    d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "1")
+    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="first verdict")
+    first = _report(plane_a, own)
+    assert first is not None and first["status"] == "ok"
+    time.sleep(2)
+    assert d.metric("fiar_agent_probes_total") == 1, "an ok probe waits for --interval, not --retry-interval"
+
+    _software(fixture, None)  # torch disappears from the image: nothing can be tested
+    annotate(plane_a, own, contract.ANNOTATION_REPROBE, "now")
+
+    def kept() -> Any:
+        doc = _report(plane_a, own)
+        return doc is not None and doc["status"] == "degraded" and doc.get("labels_kept_from") == first["probe_time"]
+
+    eventually_fn(kept, what="a degraded report that keeps the first verdict")
+    assert fiar_labels(plane_a, own) == EXPECTED_H200X2, "the verified labels stay"
+    probes = d.metric("fiar_agent_probes_total")
+    eventually_fn(lambda: d.metric("fiar_agent_probes_total") >= probes + 2, what="retries after --retry-interval")
+    assert fiar_labels(plane_a, own) == EXPECTED_H200X2
+    assert "next probe in 1s (--retry-interval)" in d.output()
+    assert d.stop() == 0
+
+
+def test_inconclusive_probe_on_a_node_without_a_verdict_writes_no_backend(
+    plane_a: ControlPlane,
+    unique: str,
+    daemon: Callable[..., Any],
+    host_file: Callable[..., Path],
+    eventually_fn: Callable[..., Any],
+) -> None:
+    own = f"gpu-{unique}"
+    plane_a.add_node(own, labels={contract.LABEL_BACKEND: "none"})  # stale, with no report behind it
+    fixture = host_file("h200x2-host")
+    _software(fixture, None)
+    d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "1")
+    untested = {k: v for k, v in EXPECTED_H200X2.items() if k != contract.LABEL_BACKEND}
+    untested[contract.LABEL_TRTLLM] = "skipped"
+    eventually_fn(lambda: fiar_labels(plane_a, own) == untested, what="labels without fiar.io/backend")
+    doc = _report(plane_a, own)
+    assert doc is not None and contract.LABEL_BACKEND not in doc["labels"]
+    assert any(r.startswith("no verdict") for r in doc["reasons"])
+
+    _software(fixture, "2.11.0")  # the software is back: the next retry, not the 6 h interval, finds it
+    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="the verdict from a retry")
+    assert d.metric("fiar_agent_reprobe_requests_total") == 0
+    assert d.stop() == 0
+
+
+def test_hostile_report_annotation_is_no_previous_report(
+    plane_a: ControlPlane, unique: str, daemon: Callable[..., Any], eventually_fn: Callable[..., Any]
+) -> None:
+    own = f"gpu-{unique}"
+    plane_a.add_node(own, annotations={contract.ANNOTATION_PROBE_REPORT: "[" * 60_000 + "]" * 60_000})
+    d = daemon(plane_a.kubeconfig, own, Path("h200x2-host"))
+    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="a verdict despite the annotation")
+    assert d.proc.poll() is None
+    assert "no previous report" in d.output() and "RecursionError" in d.output()
+    assert _report(plane_a, own) is not None, "replaced by a real report"
     assert d.stop() == 0

@@ -84,3 +84,34 @@ def test_oversized_report_drops_benchmark_points_first() -> None:
     assert len(text.encode()) <= report.MAX_BYTES
     assert "bench" not in json.loads(text)["tests"]["trtllm"]
     assert json.loads(text)["labels"] == result.labels
+
+
+HOSTILE = [
+    ("[" * 100_000 + "]" * 100_000, "not JSON (RecursionError)"),
+    ('{"a":' * 20_000 + "1" + "}" * 20_000, "not JSON (RecursionError)"),
+    (" " * (report.MAX_READ_BYTES + 1), "over the"),
+    ("[1, 2]", "not an object"),
+    ('{"schema":"fiar.io/probe-report","version":1,"tests":[1]}', "tests is a list"),
+    ('{"schema":"fiar.io/probe-report","version":1,"labels":"x"}', "labels is a str"),
+    ('{"schema":"fiar.io/probe-report","version":1,"fingerprint":{"a":1}}', "fingerprint is a dict"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), HOSTILE)
+def test_a_hostile_report_annotation_is_no_report(text: str, why: str) -> None:
+    doc, reason = report.parse(text)
+    assert doc is None
+    assert reason is not None and why in reason
+    assert report.loads(text) is None
+
+
+def test_odd_test_entries_of_a_previous_report_are_ignored() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    doc["tests"]["trtllm"]["bench"] = ["not a point"]
+    doc["labels"]["fiar.io/backend"] = "definitely"
+    parsed = report.loads(json.dumps(doc))
+    assert parsed is not None
+    fingerprint = result.report["fingerprint"]
+    assert report.reusable_tests(parsed, fingerprint) == {}
+    assert report.previous_verdict(parsed, fingerprint, True) is None, "a label value outside the contract"

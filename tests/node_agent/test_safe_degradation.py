@@ -1,4 +1,7 @@
-"""Broken or busy hosts degrade to labels with reasons; the probe itself never raises for them."""
+"""Broken or busy hosts degrade to labels with reasons; the probe itself never raises for them.
+
+A degraded probe that tested nothing conclusively never claims ``fiar.io/backend=none``: it keeps
+the verdict of an earlier report of the same hardware, or leaves the backend label out."""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from node_agent import report
+from node_agent import inventory, report
 from node_agent.hardware import SimulatedHardware
-from node_agent.probe import ProbeConfig, probe
+from node_agent.probe import ProbeConfig, arch_mismatch, probe
 
 B, M, MN, T, G = (
     contract.LABEL_BACKEND,
@@ -48,7 +51,7 @@ def test_unreadable_gpus_give_a_degraded_verdict(
         environ={},
     )
     assert time.monotonic() - start < 20
-    assert result.labels == {B: "none", M: "unknown", MN: "skipped", T: "skipped", G: "0"}
+    assert result.labels == {M: "unknown", MN: "skipped", T: "skipped", G: "0"}, "no backend label: not probed"
     assert result.exit_code == 1
     assert result.report["reasons"][0].startswith(reason)
     assert result.report["inventory"] == {"error": result.report["reasons"][0]}
@@ -62,7 +65,8 @@ def test_busy_gpus_are_not_tested(host_file: Callable[..., Path], recorder: Call
     hw = recorder(host_file("h200x2-host", _busy))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {B: "none", M: "disabled", MN: "skipped", T: "skipped", G: "2"}
+    assert result.labels == {M: "disabled", MN: "skipped", T: "skipped", G: "2"}, "busy is not a verified none"
+    assert any(r.startswith("no verdict: no smoke test gave an answer") for r in result.report["reasons"])
     assert result.report["tests"]["trtllm"]["kind"] == "busy"
     assert "GPU 1: 2" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
@@ -131,9 +135,130 @@ def test_missing_software_skips_the_tests(
     hw = recorder(host_file("h100x8-nvswitch-healthy", _sim(software=software)))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {B: "none", M: "unknown", MN: "skipped", T: "skipped", G: "8"}
+    assert result.labels == {M: "unknown", MN: "skipped", T: "skipped", G: "8"}
     assert f"{missing} not installed" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
+
+
+def _no_torch(doc: dict[str, Any]) -> None:
+    doc.setdefault("simulate", {})["software"] = {"torch": None, "flashinfer": "0.6.13"}
+
+
+def test_inconclusive_probe_keeps_the_verdict_of_the_same_hardware(host_file: Callable[..., Path]) -> None:
+    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
+    previous = report.loads(report.dumps(idle.report))
+    broken = probe(SimulatedHardware(host_file("h200x2-host", _no_torch)), ProbeConfig(), environ={}, previous=previous)
+    assert broken.labels == idle.labels
+    assert broken.report["labels"] == idle.labels
+    assert broken.report["tests"]["trtllm"]["kind"] == "unavailable", "the report shows what happened this time"
+    assert broken.report["labels_kept_from"] == idle.report["probe_time"]
+    assert broken.report["status"] == "degraded" and broken.exit_code == 1
+    # kept again by the next inconclusive probe (GPUs busy, nothing reusable in the report before)
+    again = probe(SimulatedHardware(host_file("h200x2-host", _busy)), ProbeConfig(), environ={}, previous=broken.report)
+    assert again.labels == idle.labels
+    assert again.report["labels_kept_from"] == idle.report["probe_time"]
+
+
+def _new_driver(doc: dict[str, Any]) -> None:
+    _no_torch(doc)
+    doc["driver_version"] = "590.1"
+
+
+def _policy_lifted(doc: dict[str, Any]) -> None:
+    _no_torch(doc)
+    doc["env"] = {}
+
+
+@pytest.mark.parametrize("change", [_new_driver, _policy_lifted])
+def test_inconclusive_probe_of_changed_hardware_or_policy_writes_no_backend(
+    host_file: Callable[..., Path], change: Callable[[dict[str, Any]], None]
+) -> None:
+    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
+    changed = probe(
+        SimulatedHardware(host_file("h200x2-host", change)), ProbeConfig(), environ={}, previous=idle.report
+    )
+    assert B not in changed.labels
+    assert "labels_kept_from" not in changed.report
+
+
+def test_unreadable_gpus_do_not_keep_a_verdict(host_file: Callable[..., Path]) -> None:
+    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
+    blind = probe(
+        SimulatedHardware(host_file("h200x2-host", _sim(nvml="missing"))),
+        ProbeConfig(),
+        environ={},
+        previous=idle.report,
+    )
+    assert B not in blind.labels, "without an inventory the hardware cannot be shown to be the same"
+
+
+def test_conclusive_failure_replaces_a_kept_verdict(host_file: Callable[..., Path]) -> None:
+    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
+
+    def failing(doc: dict[str, Any]) -> None:
+        doc["simulate"] = {"smoke": {"trtllm": {"outcome": "fail"}}}
+
+    failed = probe(
+        SimulatedHardware(host_file("h200x2-host", failing)), ProbeConfig(), environ={}, previous=idle.report
+    )
+    assert failed.labels[B] == "none"
+    assert failed.labels[T] == "fail"
+    assert failed.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "tested"),
+    [
+        ("10.0a", False),  # the image built for Blackwell only; the host is SM 9.0
+        ("8.0 12.0f", False),
+        ("9.0a 10.0a", True),
+        ("9.0", True),
+        (None, True),  # no list: FlashInfer targets the visible GPUs
+    ],
+)
+def test_require_prebuilt_skips_gpus_the_arch_list_does_not_cover(
+    host_file: Callable[..., Path], recorder: Callable[[Path], Any], arch_list: str | None, tested: bool
+) -> None:
+    hw = recorder(host_file("h200x2-host"))
+    environ = {} if arch_list is None else {"FLASHINFER_CUDA_ARCH_LIST": arch_list}
+    result = probe(hw, ProbeConfig(require_prebuilt=True), environ=environ)
+    trtllm = result.report["tests"]["trtllm"]
+    if tested:
+        assert hw.workers == ["trtllm"]
+        assert result.labels[T] == "pass"
+        return
+    assert hw.workers == [], "no rank started for kernels that do not exist"
+    assert (trtllm["result"], trtllm["kind"], trtllm["degraded"]) == ("skipped", "not_prebuilt", True)
+    assert "GPU 0 is SM 9.0" in trtllm["reason"] and arch_list in trtllm["reason"]
+    assert B not in result.labels
+    assert result.exit_code == 1
+
+
+def test_without_require_prebuilt_the_arch_list_is_not_checked(
+    host_file: Callable[..., Path], recorder: Callable[[Path], Any]
+) -> None:
+    hw = recorder(host_file("h200x2-host"))
+    probe(hw, ProbeConfig(), environ={"FLASHINFER_CUDA_ARCH_LIST": "10.0a"})
+    assert hw.workers == ["trtllm"]
+
+
+@pytest.mark.parametrize(
+    ("cc", "arch_list", "covered"),
+    [
+        ((9, 0), "9.0a", True),
+        ((9, 0), "9.0a 10.0a", True),
+        ((10, 3), "10.0a", False),  # architecture-specific code runs on exactly that SM
+        ((10, 3), "10.0f", True),  # family code runs on later minors of the family
+        ((8, 6), "8.0", True),
+        ((8, 0), "8.6", False),
+        ((12, 0), "9.0a 10.0a", False),
+        ((9, 0), "9.0+PTX sm_90", True),  # unreadable entries: no judgement
+        ((9, 0), "", True),
+    ],
+)
+def test_arch_list_coverage(cc: tuple[int, int], arch_list: str, covered: bool) -> None:
+    gpu = inventory.Gpu(index=0, name="GPU", uuid="GPU-0", cc=cc)
+    assert (arch_mismatch([gpu], arch_list) is None) is covered
 
 
 def test_three_gpus_test_the_largest_supported_world_size(host_file: Callable[..., Path]) -> None:

@@ -19,7 +19,7 @@ from node_agent.hardware import SimulatedHardware
 from node_agent.probe import ProbeConfig, probe
 from node_agent.smoke import launcher
 from node_agent.smoke.events import read_events
-from node_agent.smoke.outcome import SmokeRequest
+from node_agent.smoke.outcome import SmokeRequest, classify, failure_kind
 
 
 def _with_trtllm(outcome: str, **extra: Any) -> Callable[[dict[str, Any]], None]:
@@ -94,26 +94,90 @@ def test_cancel_ends_a_running_test_quickly(host_file: Callable[..., Path], tmp_
 
 
 @pytest.mark.parametrize(
-    ("outcome", "result", "kind", "degraded", "exit_code"),
+    ("outcome", "result", "kind", "degraded", "backend", "exit_code"),
     [
-        ("missing", "skipped", "unavailable", True, 1),
-        ("not_prebuilt", "skipped", "not_prebuilt", True, 1),
-        ("numerics", "fail", "numerics", False, 0),
-        ("fail", "fail", "error", False, 0),
-        ("timeout", "timeout", "hang", True, 1),
+        ("missing", "skipped", "unavailable", True, None, 1),
+        ("not_prebuilt", "skipped", "not_prebuilt", True, None, 1),
+        ("jit_error", "skipped", "jit", True, None, 1),
+        ("no_kernel_image", "skipped", "no_kernel_image", True, None, 1),
+        ("numerics", "fail", "numerics", False, "none", 0),
+        ("fail", "fail", "error", False, "none", 0),
+        ("timeout", "timeout", "hang", True, "none", 1),
     ],
 )
 def test_outcomes_become_labels_and_exit_codes(
-    host_file: Callable[..., Path], outcome: str, result: str, kind: str, degraded: bool, exit_code: int
+    host_file: Callable[..., Path],
+    outcome: str,
+    result: str,
+    kind: str,
+    degraded: bool,
+    backend: str | None,
+    exit_code: int,
 ) -> None:
     fixture = host_file("h200x2-host", _with_trtllm(outcome))
-    probed = probe(SimulatedHardware(fixture), ProbeConfig(timeout_s=3.0), environ={})
+    probed = probe(SimulatedHardware(fixture), ProbeConfig(timeout_s=3.0, peer_grace_s=1.0), environ={})
     test = probed.report["tests"]["trtllm"]
     assert (test["result"], test["kind"], test.get("degraded", False)) == (result, kind, degraded)
     assert probed.labels[contract.LABEL_TRTLLM] == result
-    assert probed.labels[contract.LABEL_BACKEND] == "none"
+    assert probed.labels.get(contract.LABEL_BACKEND) == backend, "only a conclusive test writes a backend"
     assert probed.exit_code == exit_code
     assert test["reason"]
+
+
+def _child(returncode: int = 1) -> childproc.ChildResult:
+    return childproc.ChildResult(("sup",), returncode, False, False, "", "", 1.0)
+
+
+def _events(*per_rank: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [list(events) for events in per_rank]
+
+
+OK_TO_JIT = [{"step": s, "status": "ok"} for s in ("import", "init")] + [{"step": "jit", "status": "start"}]
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind"),
+    [
+        ({"step": "jit", "status": "fail", "kind": "error", "error": "RuntimeError: Ninja build failed"}, "jit"),
+        ({"step": "jit", "status": "fail", "kind": "error", "error": "No module named trtllm_comm.so"}, "jit"),
+        (
+            {"step": "eager", "status": "fail", "kind": "error",
+             "error": "AcceleratorError: CUDA error: no kernel image is available for execution on the device"},
+            "no_kernel_image",
+        ),
+        (
+            {"step": "workspace", "status": "fail", "kind": "null_mc_ptr",
+             "error": "workspace creation failed: cudaErrorNoKernelImageForDevice while mapping multicast"},
+            "no_kernel_image",
+        ),
+    ],
+)  # fmt: skip
+def test_kernel_build_and_kernel_image_failures_are_skipped_not_failed(failure: dict[str, Any], kind: str) -> None:
+    request = SmokeRequest("trtllm", (0, 1), 30.0)
+    ranks = _events([*OK_TO_JIT, failure], OK_TO_JIT)  # rank 1 waits at the barrier and is killed
+    supervisor = {"returncodes": [1, -9], "first_failure": 0, "killed": [1]}
+    outcome = classify(request, ranks, supervisor, _child(), {})
+    assert (outcome.result, outcome.kind, outcome.degraded) == ("skipped", kind, True)
+    assert "not tested" in outcome.reason
+
+
+def test_a_backend_failure_outside_jit_is_still_a_failure() -> None:
+    request = SmokeRequest("trtllm", (0, 1), 30.0)
+    failure = {"step": "workspace", "status": "fail", "kind": "error", "error": "RuntimeError: peer access denied"}
+    outcome = classify(request, _events([*OK_TO_JIT, failure], [*OK_TO_JIT, failure]), None, _child(), {})
+    assert (outcome.result, outcome.kind, outcome.degraded) == ("fail", "error", False)
+
+
+@pytest.mark.parametrize(
+    ("step", "message", "kind"),
+    [
+        ("jit", "RuntimeError: No supported CUDA architectures found for major versions [9, 10].", "jit"),
+        ("graph", "CUDA error: no kernel image is available for execution on the device", "no_kernel_image"),
+        ("eager", "CUDA error: an illegal memory access was encountered", "error"),
+    ],
+)  # fmt: skip
+def test_the_worker_names_the_kind_of_a_failed_step(step: str, message: str, kind: str) -> None:
+    assert failure_kind(step, message) == kind
 
 
 def test_the_group_of_a_finished_test_leaves_no_process_behind(tmp_path: Path) -> None:

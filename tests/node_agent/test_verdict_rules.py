@@ -10,7 +10,7 @@ import fiar_contract as contract
 from node_agent import inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
-from node_agent.verdict import clique, decide, judge_bench
+from node_agent.verdict import PreviousVerdict, clique, decide, judge_bench
 
 NO_POLICY = HostPolicy(False)
 FORBID = HostPolicy(True, ("env NCCL_NVLS_ENABLE=0",))
@@ -69,7 +69,8 @@ TR_PASS, TR_ERR = passed("trtllm"), failed("trtllm")
         (TWO, NO_POLICY, MN_HANG, TR_PASS, "trtllm", "unknown", "degraded"),
         (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
         (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
-        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, "none", "unknown", "degraded"),
+        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, None, "unknown", "degraded"),  # nothing conclusive: no backend label
+        (TWO, NO_POLICY, MN_HANG, TR_BUSY, "none", "unknown", "degraded"),  # a timeout is a finding
     ],
 )
 def test_labels_follow_the_rules(
@@ -77,18 +78,20 @@ def test_labels_follow_the_rules(
     policy: HostPolicy,
     mnnvl: SmokeOutcome,
     trtllm: SmokeOutcome,
-    backend: str,
+    backend: str | None,
     multicast: str,
     status: str,
 ) -> None:
     verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": trtllm})
-    assert verdict.labels == {
+    expected = {
         contract.LABEL_BACKEND: backend,
         contract.LABEL_MULTICAST: multicast,
         contract.LABEL_MNNVL: mnnvl.result,
         contract.LABEL_TRTLLM: trtllm.result,
         contract.LABEL_GPUS: str(len(host.gpus)),
     }
+    assert verdict.labels == {k: v for k, v in expected.items() if v is not None}
+    assert verdict.backend == backend
     assert verdict.status == status
     assert verdict.reasons, "every verdict says why"
 
@@ -98,8 +101,66 @@ def test_no_inventory_gives_zero_gpus_unknown_multicast_and_degraded() -> None:
     verdict = decide(None, NO_POLICY, tests, inventory_error="inventory unavailable: nvml: not found")
     assert verdict.labels[contract.LABEL_GPUS] == "0"
     assert verdict.labels[contract.LABEL_MULTICAST] == "unknown"
+    assert contract.LABEL_BACKEND not in verdict.labels, "unreadable GPUs are not a verified none"
     assert verdict.status == "degraded"
     assert verdict.reasons[0] == "inventory unavailable: nvml: not found"
+
+
+PREVIOUS = PreviousVerdict(
+    {
+        contract.LABEL_BACKEND: "trtllm",
+        contract.LABEL_MULTICAST: "disabled",
+        contract.LABEL_MNNVL: "skipped",
+        contract.LABEL_TRTLLM: "pass",
+    },
+    "2026-01-02T03:04:05Z",
+)
+TR_MISSING = skipped("trtllm", "unavailable", True)
+TR_JIT = SmokeOutcome.skipped("trtllm", "jit", "kernels could not be built", degraded=True)
+
+
+@pytest.mark.parametrize("trtllm", [TR_BUSY, TR_MISSING, TR_JIT])
+def test_an_inconclusive_probe_claims_no_backend(trtllm: SmokeOutcome) -> None:
+    verdict = decide(TWO, FORBID, {"mnnvl": MN_POLICY, "trtllm": trtllm})
+    assert contract.LABEL_BACKEND not in verdict.labels
+    assert verdict.backend is None
+    assert verdict.labels[contract.LABEL_TRTLLM] == "skipped"
+    assert verdict.status == "degraded"
+    assert verdict.kept_from is None
+    assert any(r.startswith("no verdict: no smoke test gave an answer") for r in verdict.reasons)
+    assert not any(r.startswith("backend none") for r in verdict.reasons)
+
+
+@pytest.mark.parametrize("trtllm", [TR_BUSY, TR_MISSING, TR_JIT])
+def test_an_inconclusive_probe_keeps_the_previous_verdict(trtllm: SmokeOutcome) -> None:
+    verdict = decide(TWO, FORBID, {"mnnvl": MN_POLICY, "trtllm": trtllm}, previous=PREVIOUS)
+    assert verdict.labels == {**PREVIOUS.labels, contract.LABEL_GPUS: "2"}
+    assert verdict.backend == "trtllm"
+    assert verdict.status == "degraded"
+    assert verdict.kept_from == PREVIOUS.probe_time
+    assert any(PREVIOUS.probe_time in r and "kept" in r for r in verdict.reasons)
+
+
+@pytest.mark.parametrize(
+    ("host", "policy", "mnnvl", "trtllm"),
+    [
+        (TWO, FORBID, MN_POLICY, TR_ERR),  # the test ran and failed
+        (TWO, NO_POLICY, MN_HANG, TR_BUSY),  # a timeout is a finding
+        (ONE, NO_POLICY, MN_NA, TR_NA),  # one GPU
+    ],
+)
+def test_a_conclusive_none_replaces_the_previous_verdict(
+    host: inventory.Inventory, policy: HostPolicy, mnnvl: SmokeOutcome, trtllm: SmokeOutcome
+) -> None:
+    verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": trtllm}, previous=PREVIOUS)
+    assert verdict.labels[contract.LABEL_BACKEND] == "none"
+    assert verdict.kept_from is None
+
+
+def test_a_slow_backend_is_a_conclusive_none() -> None:
+    verdict = decide(TWO, FORBID, {"mnnvl": MN_POLICY, "trtllm": passed("trtllm", 3.0)}, previous=PREVIOUS)
+    assert verdict.labels[contract.LABEL_BACKEND] == "none"
+    assert verdict.status == "ok"
 
 
 def test_policy_wins_over_a_passing_mnnvl_claim() -> None:
