@@ -162,7 +162,7 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert ds["runtimeClassName"] == "nvidia"
     config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "gpu-fiar-agent")["data"]
     assert config["FIAR_FLAGS"].split() == ["--forbid-multicast", "--no-benchmark", "--require-prebuilt"]
-    assert config["FIAR_INTERVAL"] == "3600"
+    assert config["FIAR_INTERVAL"] == "3600" and config["FIAR_RETRY_INTERVAL"] == "600"
     assert {"name": "NCCL_NVLS_ENABLE", "value": "0"} in ds["containers"][0]["env"]
     assert kinds["FiAllreducePolicy"][0]["metadata"]["name"] == "default"
     assert "fiar.json" in next(c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard"))["data"]
