@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
 import fiar_contract as contract
 from node_agent import report as report_mod
@@ -127,6 +127,22 @@ def _covers(entry: str, cc: tuple[int, int]) -> bool | None:
     return cc[0] == major and cc[1] >= minor
 
 
+COMM_KERNEL_SM_MAJORS: Final = (9, 10)
+"""GPU generations FlashInfer builds its allreduce-fusion comm kernels for (Hopper, Blackwell;
+``flashinfer/jit/comm.py``). On any other GPU neither backend exists: a conclusive ``none``."""
+
+
+def unsupported_generation(gpus: Sequence[Gpu]) -> str | None:
+    """Why FlashInfer has no allreduce-fusion kernels for one of ``gpus``, or None."""
+    for g in gpus:
+        if g.cc is not None and g.cc[0] not in COMM_KERNEL_SM_MAJORS:
+            majors = " and ".join(f"{m}.x" for m in COMM_KERNEL_SM_MAJORS)
+            return (
+                f"GPU {g.index} is SM {g.cc_str}: FlashInfer builds its allreduce-fusion kernels for SM {majors} only"
+            )
+    return None
+
+
 def arch_mismatch(gpus: Sequence[Gpu], arch_list: str | None) -> str | None:
     """Why ``FLASHINFER_CUDA_ARCH_LIST`` has no kernels for one of ``gpus``, or None (covered, or unknown)."""
     entries = (arch_list or "").split()
@@ -175,6 +191,9 @@ def _plan(
     size = world_size(backend, min(config.gpus or n, n))
     assert size is not None  # n >= 2 and 2 is a world size of every backend
     devices = tuple(sorted(g.index for g in inv.gpus))[:size]
+    unsupported = unsupported_generation([g for g in inv.gpus if g.index in devices])
+    if unsupported is not None:
+        return SmokeOutcome.skipped(backend, KIND_NOT_APPLICABLE, unsupported)
     busy = [f"GPU {g.index}: {g.compute_processes}" for g in inv.gpus if g.index in devices and g.compute_processes]
     if busy and not config.force:
         if backend in reuse:

@@ -270,3 +270,19 @@ def test_three_gpus_test_the_largest_supported_world_size(host_file: Callable[..
     result = probe(SimulatedHardware(host_file("h100x8-nvswitch-healthy", three)), ProbeConfig(), environ={})
     assert result.report["tests"]["trtllm"]["devices"] == [0, 1]
     assert result.labels[G] == "3"
+
+
+def _ampere(doc: dict[str, Any]) -> None:
+    for gpu in doc["gpus"]:
+        gpu["cc"] = [8, 0]
+        gpu["name"] = "NVIDIA A100-SXM4-80GB"
+
+
+def test_gpus_without_flashinfer_comm_kernels_get_a_conclusive_none_and_no_test_runs(
+    host_file: Callable[..., Path],
+) -> None:
+    result = probe(SimulatedHardware(host_file("h100x8-nvswitch-healthy", _ampere)), ProbeConfig(), environ={})
+    assert result.labels[B] == "none" and result.labels[MN] == "skipped" and result.labels[T] == "skipped"
+    assert result.exit_code == 0, "a GPU generation FlashInfer does not build for is a finding, not a failure"
+    assert any("SM 8.0: FlashInfer builds its allreduce-fusion kernels for SM 9.x and 10.x only" in r
+               for r in result.report["reasons"])
