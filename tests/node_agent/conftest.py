@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +18,7 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.cluster import free_port
+from devcluster.waiting import wait_for
 from node_agent import hardware, inventory
 
 FIXTURES = hardware.FIXTURES
@@ -88,14 +88,7 @@ def recorder() -> Callable[[str | Path], RecordingHardware]:
 
 def eventually(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> Any:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last value {last!r}")
+    return wait_for(check, timeout, what or repr(check), interval)
 
 
 class Daemon:

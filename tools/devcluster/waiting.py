@@ -23,5 +23,5 @@ def wait_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise WaitTimeout(f"{what}: not met within {timeout:.0f}s")
+            raise WaitTimeout(f"{what}: not met within {timeout:.0f}s (last value {value!r})")
         time.sleep(interval)
