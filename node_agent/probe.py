@@ -224,11 +224,13 @@ def probe(
     previous: Mapping[str, Any] | None = None,
     node: str | None = None,
     environ: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ProbeResult:
     """Probe ``hw`` once. ``previous`` is an earlier report whose results may be kept (busy GPUs, no
-    conclusive test). ``environ`` is the agent's environment (host policy, FLASHINFER_CUDA_ARCH_LIST)."""
+    conclusive test). ``environ`` is the agent's environment (host policy, FLASHINFER_CUDA_ARCH_LIST).
+    ``clock`` gives the wall-clock probe time written into the report."""
     say: Progress = progress or (lambda _line: None)
-    started, t0 = time.time(), time.monotonic()
+    started, t0 = clock(), time.monotonic()
     env = os.environ if environ is None else environ
     policy = host_policy(hw, config, env)
     if policy.multicast_forbidden:

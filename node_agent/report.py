@@ -217,4 +217,7 @@ def previous_verdict(
     kept = {k: labels[k] for k in VERDICT_LABELS if k in labels}
     if contract.LABEL_BACKEND not in kept or any(v not in _ALLOWED_VALUES[k] for k, v in kept.items()):
         return None
-    return PreviousVerdict(labels=kept, probe_time=str(previous.get("probe_time")))
+    # labels kept by an inconclusive probe still date from the probe that concluded them
+    origin = previous.get("labels_kept_from")
+    when = origin if isinstance(origin, str) and origin else previous.get("probe_time")
+    return PreviousVerdict(labels=kept, probe_time=str(when))

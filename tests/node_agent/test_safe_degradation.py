@@ -145,16 +145,25 @@ def _no_torch(doc: dict[str, Any]) -> None:
 
 
 def test_inconclusive_probe_keeps_the_verdict_of_the_same_hardware(host_file: Callable[..., Path]) -> None:
-    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
+    hour = iter([1_800_000_000.0, 1_800_003_600.0, 1_800_007_200.0]).__next__  # three probes an hour apart
+    idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={}, clock=hour)
     previous = report.loads(report.dumps(idle.report))
-    broken = probe(SimulatedHardware(host_file("h200x2-host", _no_torch)), ProbeConfig(), environ={}, previous=previous)
+    broken = probe(
+        SimulatedHardware(host_file("h200x2-host", _no_torch)), ProbeConfig(), environ={}, previous=previous, clock=hour
+    )
     assert broken.labels == idle.labels
     assert broken.report["labels"] == idle.labels
     assert broken.report["tests"]["trtllm"]["kind"] == "unavailable", "the report shows what happened this time"
     assert broken.report["labels_kept_from"] == idle.report["probe_time"]
     assert broken.report["status"] == "degraded" and broken.exit_code == 1
     # kept again by the next inconclusive probe (GPUs busy, nothing reusable in the report before)
-    again = probe(SimulatedHardware(host_file("h200x2-host", _busy)), ProbeConfig(), environ={}, previous=broken.report)
+    again = probe(
+        SimulatedHardware(host_file("h200x2-host", _busy)),
+        ProbeConfig(),
+        environ={},
+        previous=broken.report,
+        clock=hour,
+    )
     assert again.labels == idle.labels
     assert again.report["labels_kept_from"] == idle.report["probe_time"]
 
@@ -284,5 +293,7 @@ def test_gpus_without_flashinfer_comm_kernels_get_a_conclusive_none_and_no_test_
     result = probe(SimulatedHardware(host_file("h100x8-nvswitch-healthy", _ampere)), ProbeConfig(), environ={})
     assert result.labels[B] == "none" and result.labels[MN] == "skipped" and result.labels[T] == "skipped"
     assert result.exit_code == 0, "a GPU generation FlashInfer does not build for is a finding, not a failure"
-    assert any("SM 8.0: FlashInfer builds its allreduce-fusion kernels for SM 9.x and 10.x only" in r
-               for r in result.report["reasons"])
+    assert any(
+        "SM 8.0: FlashInfer builds its allreduce-fusion kernels for SM 9.x and 10.x only" in r
+        for r in result.report["reasons"]
+    )
