@@ -8,12 +8,17 @@ which keeps serving on every replica.
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 
 import fiar_contract as contract
 from fiar_operator.runtime import Event, Runtime
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT: Final = 120.0
+"""Seconds kopf's start waits for the indexes' first lists, so no handler acts on a partial view."""
 
 
 def _post(events: list[Event]) -> None:
@@ -50,6 +55,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.peering.name = _runtime(memo).settings.peering
     settings.peering.priority = _runtime(memo).settings.priority
+    if not _runtime(memo).wait_synced(SYNC_TIMEOUT):
+        log.warning("indexes not listed after %ss; reconciling from a partial view", SYNC_TIMEOUT)
 
 
 @kopf.on.probe(id="indexes")
@@ -62,7 +69,7 @@ def node_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> 
     _post(_runtime(memo).on_node(body, deleted=type == "DELETED"))
 
 
-@kopf.on.event("", "v1", "pods", labels={contract.LABEL_POD_POLICY: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods")
 def pod_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     _post(_runtime(memo).on_pod(body, deleted=type == "DELETED"))
 

@@ -15,10 +15,9 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator import affinity, decide, patches
-from fiar_operator.pods import group_plan, pod_record
+from fiar_operator.pods import FIELD_PATH, group_plan, is_injected, pod_record
 from fiar_operator.policy import Policy
 
-FIELD_PATH: Final = f"metadata.annotations['{contract.ANNOTATION_POD_BACKEND}']"
 ENV_ENTRY: Final = {
     "name": contract.ENV_VAR,
     "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": FIELD_PATH}},
@@ -37,12 +36,6 @@ class PodPlan:
     @property
     def managed(self) -> bool:
         return self.decision is not None
-
-
-def is_injected(entry: Mapping[str, Any]) -> bool:
-    """Whether an env entry is the one this webhook injects."""
-    ref = (entry.get("valueFrom") or {}).get("fieldRef") or {}
-    return entry.get("name") == contract.ENV_VAR and ref.get("fieldPath") == FIELD_PATH
 
 
 def reads_backend(pod: Mapping[str, Any]) -> bool:

@@ -18,6 +18,9 @@ GENERATED_BASE_MAX: Final = 63 - GENERATED_SUFFIX
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
+FIELD_PATH: Final = f"metadata.annotations['{contract.ANNOTATION_POD_BACKEND}']"
+"""Where the injected variable takes its value from (the binding copies the annotation onto the pod)."""
+
 
 @dataclass(frozen=True)
 class PodRecord:
@@ -41,6 +44,8 @@ class PodRecord:
     """(label, value) of required pod-affinity terms whose topologyKey is fiar.io/clique."""
     container_starts: Mapping[str, str] = field(default_factory=dict)
     """Container name -> RFC 3339 time the running container started."""
+    containers: tuple[tuple[str, bool], ...] = ()
+    """(name, sets the backend variable itself) of each container, in spec order."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -105,6 +110,31 @@ def _starts(status: Mapping[str, Any]) -> dict[str, str]:
     return starts
 
 
+def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    found = []
+    for container in spec.get("containers") or []:
+        if not isinstance(container, Mapping):
+            continue
+        env = container.get("env")
+        entries = env if isinstance(env, list) else []
+        explicit = any(
+            isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR and not is_injected(e) for e in entries
+        )
+        found.append((str(container.get("name", "")), explicit))
+    return tuple(found)
+
+
+def is_injected(entry: Mapping[str, Any]) -> bool:
+    """Whether an env entry is the one the pod webhook injects."""
+    ref = entry.get("valueFrom")
+    field_ref = ref.get("fieldRef") if isinstance(ref, Mapping) else None
+    return (
+        entry.get("name") == contract.ENV_VAR
+        and isinstance(field_ref, Mapping)
+        and field_ref.get("fieldPath") == FIELD_PATH
+    )
+
+
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record)."""
     meta = pod.get("metadata") or {}
@@ -140,6 +170,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         pinned_backend=pinned,
         clique_affinity=clique_affinity,
         container_starts=_starts(status),
+        containers=_containers(spec) if isinstance(spec, Mapping) else (),
     )
 
 

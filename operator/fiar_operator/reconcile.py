@@ -6,17 +6,24 @@ A bound, managed pod is re-annotated when
 - its node's verdict changed so that its backend is no longer verified there (drift);
 - it belongs to a multi-pod group whose nodes no longer all verify mnnvl in one clique.
 A backend that is still verified is left alone even when a better one appeared.
+
+A pod that a policy selects but that carries no ``fiar.io/policy`` label was created before the
+policy existed, or while the pod webhook was unavailable (it fails open). Its containers run with
+vLLM's default and cannot be changed: it is reported (status count, condition, one Warning event)
+until it is recreated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
 from typing import Any, Final
 
+import fiar_contract as contract
 from fiar_operator import decide
 from fiar_operator.pods import PodRecord, group_plan
-from fiar_operator.policy import Policy
+from fiar_operator.policy import Policy, select_policy
 
 MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique"})
 
@@ -120,6 +127,61 @@ def multi_node_warning(record: PodRecord) -> str | None:
     return f"multi-pod group {doc.get('group') or ''}: {why}; it runs with {doc.get('backend')}".replace("  ", " ")
 
 
+# -- pods the pod webhook never saw ----------------------------------------------------------------
+def selects_a_container(record: PodRecord, policy: Policy) -> bool:
+    """Whether the pod webhook would give one of the pod's containers the variable under ``policy``."""
+    return any(
+        any(fnmatchcase(name, glob) for glob in policy.containers) and not (explicit and policy.respect_explicit_env)
+        for name, explicit in record.containers
+    )
+
+
+def unconfigured_by(
+    record: PodRecord, policies: Iterable[Policy], namespace_labels: Mapping[str, str] | None
+) -> Policy | None:
+    """The policy that selects a pod the pod webhook never configured (no ``fiar.io/policy`` label).
+
+    None for a managed or finished pod, a pod in a namespace labelled ``fiar.io/ignore`` or not in
+    the namespace index (nothing is known of it), and a pod whose containers the policy leaves alone.
+    """
+    if record.managed or not record.active or not record.containers or namespace_labels is None:
+        return None
+    if contract.NAMESPACE_IGNORE_LABEL in namespace_labels:
+        return None
+    policy = select_policy(policies, namespace_labels, record.labels)
+    return policy if policy is not None and selects_a_container(record, policy) else None
+
+
+def unconfigured_pods(
+    pods: Iterable[PodRecord],
+    policies: Iterable[Policy],
+    namespaces: Mapping[str, Mapping[str, str]],
+    excluded: Callable[[str], bool],
+) -> dict[str, list[PodRecord]]:
+    """``unconfigured_by`` over many pods, by policy name; pods in ``excluded`` namespaces are left out
+    (the webhooks never see them)."""
+    candidates = list(policies)
+    found: dict[str, list[PodRecord]] = {}
+    if not candidates:
+        return found
+    for record in pods:
+        if record.managed or excluded(record.namespace):
+            continue
+        policy = unconfigured_by(record, candidates, namespaces.get(record.namespace))
+        if policy is not None:
+            found.setdefault(policy.name, []).append(record)
+    return found
+
+
+def unconfigured_message(policy: Policy) -> str:
+    """The Warning event message for a pod that ``policy`` selects but the pod webhook never configured."""
+    return (
+        f"policy {policy.name} selects this pod, but it was created before the policy or while the fiar pod "
+        f"webhook was unavailable: its containers run with vLLM's default {contract.ENV_VAR} (auto), "
+        "not a verified backend; recreate the pod (e.g. kubectl rollout restart) to apply the policy"
+    )
+
+
 # -- policy status ---------------------------------------------------------------------------------
 def _condition(
     previous: Sequence[Mapping[str, Any]], kind: str, status: bool, reason: str, message: str, generation: int, now: str
@@ -143,15 +205,17 @@ def policy_status(
     pods: Iterable[PodRecord],
     previous: Mapping[str, Any] | None,
     now: str,
+    unconfigured: int = 0,
 ) -> dict[str, Any]:
-    """The status subresource of a policy from the indexes."""
+    """The status subresource of a policy from the indexes (``unconfigured``: pods the policy selects
+    that the pod webhook never configured, see ``unconfigured_pods``)."""
     counts = {"mnnvl": 0, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 0}
     for name, labels in nodes.items():
         facts = decide.node_facts(name, labels)
         counts[facts.verdict or "unprobed"] += 1
         if decide.verified_for(policy, facts):
             counts["verified"] += 1
-    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0}
+    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0, "unconfigured": unconfigured}
     for pod in pods:
         if not pod.active or pod.policy != policy.name:
             continue
@@ -183,6 +247,18 @@ def policy_status(
             f"no node verifies any of: {allowed}; pods get {policy.fallback}"
             if counts["verified"] == 0
             else f"{counts['verified']} nodes verify one of: {allowed}",
+            policy.generation,
+            now,
+        ),
+        _condition(
+            old_conditions,
+            "UnconfiguredPods",
+            unconfigured > 0,
+            "PodsNotConfigured" if unconfigured else "AllPodsConfigured",
+            f"{unconfigured} pods this policy selects were created before it or while the pod webhook was "
+            "unavailable; they run with vLLM's default (auto) until recreated"
+            if unconfigured
+            else "every pod this policy selects was configured when it was created",
             policy.generation,
             now,
         ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from fiar_operator.errors import ApiError
 from fiar_operator.kube import Kube, configuration
 from fiar_operator.metrics import Metrics
 from fiar_operator.pods import PodRecord
-from fiar_operator.server import Server
+from fiar_operator.server import READY_KINDS, Server
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
 
@@ -49,8 +50,16 @@ def pod_ref(record: PodRecord) -> dict[str, Any]:
 class StatusWriter:
     """Writes policy statuses for the policies marked since the last pass (batched, only on change)."""
 
-    def __init__(self, store: Store, kube: Kube, interval: float, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(
+        self,
+        store: Store,
+        kube: Kube,
+        interval: float,
+        clock: Callable[[], str] = utc_now,
+        unconfigured: Callable[[str], int] = lambda _name: 0,
+    ) -> None:
         self.store, self.kube, self.interval, self.clock = store, kube, interval, clock
+        self.unconfigured = unconfigured
         self._marked: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -65,6 +74,14 @@ class StatusWriter:
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until every index has been listed once (the reconciler should not act on a partial view)."""
+        deadline = time.monotonic() + timeout
+        while not all(self.store.synced.get(kind) for kind in READY_KINDS):
+            if self._stop.wait(0.1) or time.monotonic() > deadline:
+                return False
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -91,7 +108,7 @@ class StatusWriter:
         now = self.clock()
         if policy is not None:
             status = reconcile.policy_status(
-                policy, dict(self.store.nodes), self.store.pods_of_policy(name), previous, now
+                policy, dict(self.store.nodes), self.store.pods_of_policy(name), previous, now, self.unconfigured(name)
             )
         else:
             generation = int((obj.get("metadata") or {}).get("generation") or 0)
@@ -112,8 +129,19 @@ class Runtime:
         self.metrics = Metrics(self.store.sizes)
         self.admission = Admission(self.store, self.metrics)
         self.server = Server(self.admission, self.metrics, settings, self.kube, lambda: self.store.synced)
-        self.status = StatusWriter(self.store, self.kube, settings.status_interval)
+        self._unconfigured: dict[str, dict[tuple[str, str], str]] = {}
+        """Policy name -> pods it selects that the pod webhook never configured (key -> uid)."""
+        self.status = StatusWriter(
+            self.store,
+            self.kube,
+            settings.status_interval,
+            unconfigured=self.unconfigured,
+        )
         self._stop = threading.Event()
+        self._lock = threading.RLock()
+        """kopf runs handlers in a thread pool: guards the reconciler's own bookkeeping below."""
+        self._swept: dict[str, int] = {}
+        """Policy name -> the generation whose unconfigured pods were last computed."""
         self._warned: set[str] = set()
         self._node_labels: dict[str, dict[str, str]] = {}
         """fiar.io labels of each node as last reconciled (not the store's copy, which the informer
@@ -137,6 +165,14 @@ class Runtime:
                 log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
             elif exc.status != 409:
                 raise
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until every index has been listed once (the reconciler should not act on a partial view)."""
+        deadline = time.monotonic() + timeout
+        while not all(self.store.synced.get(kind) for kind in READY_KINDS):
+            if self._stop.wait(0.1) or time.monotonic() > deadline:
+                return False
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -185,17 +221,81 @@ class Runtime:
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
         return events
 
+    # -- pods the pod webhook never configured ----------------------------------------------------
+    def unconfigured(self, policy: str) -> int:
+        """How many pods ``policy`` selects that the pod webhook never configured."""
+        with self._lock:
+            return len(self._unconfigured.get(policy, {}))
+
+    def _track_unconfigured(self, key: tuple[str, str], record: PodRecord | None) -> list[Event]:
+        """Update which policy (if any) reports the pod at ``key`` as unconfigured; the event for a new one."""
+        with self._lock:
+            return self._track_unconfigured_locked(key, record)
+
+    def _track_unconfigured_locked(self, key: tuple[str, str], record: PodRecord | None) -> list[Event]:
+        policy = None
+        if record is not None and not self.excluded(record.namespace):
+            policy = reconcile.unconfigured_by(
+                record, self.store.policies.values(), self.store.namespaces.get(record.namespace)
+            )
+        for name, pods in list(self._unconfigured.items()):
+            if key in pods and (policy is None or policy.name != name):
+                del pods[key]
+                self.status.mark(name)
+        if policy is None or record is None:
+            return []
+        pods = self._unconfigured.setdefault(policy.name, {})
+        if key not in pods:
+            pods[key] = record.uid
+            self.status.mark(policy.name)
+        if record.uid in self._warned:
+            return []
+        self._warned.add(record.uid)
+        return [Event(pod_ref(record), "Warning", "NotConfigured", reconcile.unconfigured_message(policy))]
+
+    def sweep_unconfigured(self) -> list[Event]:
+        """Recompute the unconfigured pods of every policy from the pod index, when a policy was added,
+        deleted or its spec changed (not on its own status writes)."""
+        with self._lock:
+            policies = dict(self.store.policies)
+            generations = {name: p.generation for name, p in policies.items()}
+            if generations == self._swept:
+                return []
+            self._swept = generations
+            found = reconcile.unconfigured_pods(
+                self.store.all_pods(), policies.values(), self.store.namespaces, self.excluded
+            )
+            events: list[Event] = []
+            for name in set(self._unconfigured) | set(found):
+                fresh = {p.key: p.uid for p in found.get(name, [])}
+                if self._unconfigured.get(name) != fresh:
+                    self.status.mark(name)
+                if name in policies:
+                    self._unconfigured[name] = fresh
+                else:
+                    self._unconfigured.pop(name, None)
+            for name, records in found.items():
+                message = reconcile.unconfigured_message(policies[name])
+                for record in records:
+                    if record.uid not in self._warned:
+                        self._warned.add(record.uid)
+                        events.append(Event(pod_ref(record), "Warning", "NotConfigured", message))
+            return events
+
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
         meta = body.get("metadata") or {}
         if deleted:
-            self.store.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid") or ""))
+            key = (str(meta.get("namespace")), str(meta.get("name")))
+            self.store.delete_pod(*key, str(meta.get("uid") or ""))
             self._warned.discard(str(meta.get("uid") or ""))
             if (meta.get("labels") or {}).get(contract.LABEL_POD_POLICY):
                 self.status.mark(str(meta["labels"][contract.LABEL_POD_POLICY]))
+            self._track_unconfigured(key, None)
             return []
         record = self.store.put_pod(body)
         if not record.managed:
-            return []
+            return self._track_unconfigured(record.key, record)
+        self._track_unconfigured(record.key, None)
         self.status.mark(record.policy)
         return self._reannotate(record)
 
@@ -222,10 +322,10 @@ class Runtime:
         name = str((body.get("metadata") or {}).get("name") or "")
         if deleted:
             self.store.delete_policy(name)
-            return []
+            return self.sweep_unconfigured()
         self.store.put_policy(body)
         self.status.mark(name)
-        events: list[Event] = []
+        events = self.sweep_unconfigured()
         for record in self.store.pods_of_policy(name):
             events += self._reannotate(record)
         return events

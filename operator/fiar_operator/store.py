@@ -180,6 +180,10 @@ class Store:
                 self.pods, self.by_node, self.by_policy = fresh.pods, fresh.by_node, fresh.by_policy
             self.synced[kind] = True
 
+    def all_pods(self) -> list[PodRecord]:
+        with self._lock:
+            return list(self.pods.values())
+
     def pods_on_node(self, node: str) -> list[PodRecord]:
         with self._lock:
             return [self.pods[k] for k in self.by_node.get(node, ()) if k in self.pods]

@@ -1,5 +1,6 @@
 """With the operator down, pods are still created and scheduled (the webhooks fail open) and run
-with the fallback backend; once the operator is back it decides them and reports them."""
+with the fallback backend; once the operator is back it decides them and reports them, and it reports
+the pods it never saw (created while the pod webhook was down) as unconfigured."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     namespace = plane.create_namespace(f"outage-{unique}", {"fiar-operator-test": unique})
     operator.wait_active(namespace)
     policy = f"outage-{unique}"
-    kit.policy(policy, namespace, fallbackBackend="trtllm")
+    selects = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["vllm", "vllm-by-hand"]}]}
+    kit.policy(policy, namespace, fallbackBackend="trtllm", podSelector=selects)
     no_nodes = {c["type"]: c for c in kit.get_policy(policy)["status"]["conditions"]}["NoVerifiedNodes"]
     assert no_nodes["status"] == "True" and "pods get trtllm" in no_nodes["message"]
 
@@ -67,6 +69,7 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     operator.stop()
     kit.node(f"gpu-{unique}", "mnnvl")
     kit.pod(namespace, "created-while-down", labels={"app": "other"})
+    kit.pod(namespace, "vllm-created-while-down", labels={"app": "vllm-by-hand"})
     pods = kit.running(namespace, 3, "app=vllm", timeout=90)
     for pod in pods:
         notes = pod["metadata"]["annotations"]
@@ -74,6 +77,8 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
         assert json.loads(notes[contract.ANNOTATION_POD_DECISION])["reason"] == "Pending"
     (unmutated,) = kit.running(namespace, 1, "app=other")
     assert not unmutated["spec"]["containers"][0].get("env")
+    (missed,) = kit.running(namespace, 1, "app=vllm-by-hand")
+    assert not missed["spec"]["containers"][0].get("env"), "the pod webhook was down: vLLM's default applies"
 
     operator.start()
 
@@ -100,7 +105,14 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
         return status if (status.get("pods") or {}).get("stale") == 3 else None
 
     status = kit.wait(reported, 30, "stale pods reported in the policy status")
-    assert status["pods"] == {"decided": 3, "fallback": 0, "pending": 0, "stale": 3}
+    assert status["pods"] == {"decided": 3, "fallback": 0, "pending": 0, "stale": 3, "unconfigured": 1}
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 1}
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Ready": "True", "NoVerifiedNodes": "False"}
+    assert conditions == {"Ready": "True", "NoVerifiedNodes": "False", "UnconfiguredPods": "True"}
+    (event,) = kit.wait(
+        lambda: [e for e in kit.events(namespace, "vllm-created-while-down") if e["reason"] == "NotConfigured"],
+        30,
+        "NotConfigured event on the pod created while the webhook was down",
+    )
+    assert event["type"] == "Warning" and "while the fiar pod webhook was unavailable" in event["message"]
+    assert not [e for e in kit.events(namespace, "created-while-down") if e["reason"] == "NotConfigured"]

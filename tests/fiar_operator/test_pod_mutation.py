@@ -11,7 +11,8 @@ import pytest
 import fiar_contract as contract
 from fiar_operator import patches
 from fiar_operator.decide import node_facts, verified_for
-from fiar_operator.mutation import FIELD_PATH, default_backend_ops, plan_pod_create
+from fiar_operator.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.pods import FIELD_PATH
 from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
 from fiar_operator.selectors import node_constraint
 

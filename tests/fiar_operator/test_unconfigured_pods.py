@@ -1,0 +1,212 @@
+"""Pods a policy selects that the pod webhook never configured (created before the policy, or while
+the webhook was unavailable) run with vLLM's default and are reported, never silently counted as managed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import fiar_contract as contract
+from fiar_operator.kube import Kube
+from fiar_operator.pods import FIELD_PATH, PodRecord, pod_record
+from fiar_operator.policy import Policy, parse_policy
+from fiar_operator.reconcile import policy_status, unconfigured_by, unconfigured_pods
+from fiar_operator.runtime import Runtime
+from fiar_operator.settings import Settings
+
+NOW = "2026-05-01T12:00:00Z"
+NS = {"kubernetes.io/metadata.name": "ml"}
+
+
+def policy(name: str = "vllm", **spec: Any) -> Policy:
+    spec.setdefault("podSelector", {"matchLabels": {"app": "vllm"}})
+    return parse_policy({"metadata": {"name": name, "generation": 1}, "spec": spec})
+
+
+def pod(
+    name: str = "p",
+    labels: dict[str, str] | None = None,
+    containers: list[dict[str, Any]] | None = None,
+    namespace: str = "ml",
+    phase: str = "Running",
+) -> PodRecord:
+    return pod_record(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "labels": labels or {"app": "vllm"},
+            },
+            "spec": {"containers": containers or [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+            "status": {"phase": phase},
+        }
+    )
+
+
+def explicit(value: str = "trtllm") -> dict[str, Any]:
+    return {"name": "vllm", "image": "vllm/vllm-openai", "env": [{"name": contract.ENV_VAR, "value": value}]}
+
+
+def test_a_selected_pod_without_the_policy_label_is_unconfigured() -> None:
+    found = unconfigured_by(pod(), [policy()], NS)
+    assert found is not None and found.name == "vllm"
+
+
+def test_a_pod_the_webhook_configured_is_not_unconfigured() -> None:
+    assert unconfigured_by(pod(labels={"app": "vllm", contract.LABEL_POD_POLICY: "vllm"}), [policy()], NS) is None
+
+
+def test_a_pod_no_policy_selects_is_not_unconfigured() -> None:
+    assert unconfigured_by(pod(labels={"app": "web"}), [policy()], NS) is None
+
+
+def test_explicit_env_is_respected_unless_the_policy_overrides_it() -> None:
+    record = pod(containers=[explicit()])
+    assert unconfigured_by(record, [policy()], NS) is None
+    overriding = unconfigured_by(record, [policy(respectExplicitEnv=False)], NS)
+    assert overriding is not None
+
+
+def test_the_injected_entry_is_not_an_explicit_setting() -> None:
+    injected = {"name": contract.ENV_VAR, "valueFrom": {"fieldRef": {"fieldPath": FIELD_PATH}}}
+    record = pod(containers=[{"name": "vllm", "env": [injected]}])
+    assert record.containers == (("vllm", False),)
+    assert unconfigured_by(record, [policy()], NS) is not None
+
+
+def test_containers_the_policy_does_not_select_leave_the_pod_alone() -> None:
+    record = pod(containers=[{"name": "sidecar"}])
+    assert unconfigured_by(record, [policy(containers=["vllm*"])], NS) is None
+    assert unconfigured_by(
+        pod(containers=[{"name": "sidecar"}, {"name": "vllm-0"}]), [policy(containers=["vllm*"])], NS
+    )
+
+
+def test_finished_pods_and_ignored_or_unknown_namespaces_are_left_out() -> None:
+    assert unconfigured_by(pod(phase="Succeeded"), [policy()], NS) is None
+    assert unconfigured_by(pod(), [policy()], {**NS, contract.NAMESPACE_IGNORE_LABEL: "true"}) is None
+    assert unconfigured_by(pod(), [policy()], None) is None
+
+
+def test_the_highest_priority_policy_reports_the_pod() -> None:
+    found = unconfigured_by(pod(), [policy("low"), policy("high", priority=5)], NS)
+    assert found is not None and found.name == "high"
+
+
+def test_a_sweep_groups_pods_by_policy_and_skips_excluded_namespaces() -> None:
+    pods = [pod("a"), pod("b"), pod("c", namespace="kube-system"), pod("d", labels={"app": "web"})]
+    namespaces = {"ml": NS, "kube-system": {"kubernetes.io/metadata.name": "kube-system"}}
+    found = unconfigured_pods(pods, [policy()], namespaces, lambda ns: ns == "kube-system")
+    assert {name: [p.name for p in records] for name, records in found.items()} == {"vllm": ["a", "b"]}
+    assert unconfigured_pods(pods, [], namespaces, lambda ns: False) == {}
+
+
+def test_status_counts_unconfigured_pods_with_a_condition_that_says_what_to_do() -> None:
+    status = policy_status(policy(), {}, [], None, NOW, unconfigured=2)
+    assert status["pods"]["unconfigured"] == 2
+    condition = {c["type"]: c for c in status["conditions"]}["UnconfiguredPods"]
+    assert condition["status"] == "True" and condition["reason"] == "PodsNotConfigured"
+    assert "2 pods" in condition["message"] and "recreated" in condition["message"]
+    cleared = policy_status(policy(), {}, [], status, "2026-05-01T13:00:00Z")
+    condition = {c["type"]: c for c in cleared["conditions"]}["UnconfiguredPods"]
+    assert condition["status"] == "False" and condition["lastTransitionTime"] == "2026-05-01T13:00:00Z"
+
+
+def body(name: str, labels: dict[str, str] | None = None, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "labels": labels or {"app": "vllm"}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    cfg = client.Configuration()
+    cfg.host = "https://127.0.0.1:1"  # nothing here calls the API server
+    made = Runtime(Settings(standalone=True, metrics_port=None), kube=Kube(cfg))
+    made.store.put_namespace({"metadata": {"name": "ml", "labels": NS}})
+    return made
+
+
+def policy_body(name: str, generation: int = 1, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("podSelector", {"matchLabels": {"app": "vllm"}})
+    return {"metadata": {"name": name, "generation": generation}, "spec": spec}
+
+
+def test_each_unconfigured_pod_gets_one_warning_and_is_counted_until_it_goes(runtime: Runtime) -> None:
+    runtime.on_policy(policy_body("vllm"))
+    (event,) = runtime.on_pod(body("a"))
+    assert (event.type, event.reason, event.target["metadata"]["uid"]) == ("Warning", "NotConfigured", "uid-a")
+    assert runtime.on_pod(body("a")) == [], "one event per pod, not one per update"
+    assert runtime.unconfigured("vllm") == 1
+    assert runtime.on_pod(body("a", phase="Succeeded")) == []
+    assert runtime.unconfigured("vllm") == 0, "a finished pod runs nothing"
+    runtime.on_pod(body("b"))
+    runtime.on_pod(body("b"), deleted=True)
+    assert runtime.unconfigured("vllm") == 0
+
+
+def test_a_policy_created_after_its_pods_reports_them_at_once(runtime: Runtime) -> None:
+    assert runtime.on_pod(body("a")) == [] and runtime.on_pod(body("b", {"app": "web"})) == []
+    events = runtime.on_policy(policy_body("vllm"))
+    assert [e.target["metadata"]["name"] for e in events] == ["a"]
+    assert runtime.unconfigured("vllm") == 1
+    assert runtime.on_policy(policy_body("vllm")) == [], "its own status writes change nothing"
+
+
+def test_a_higher_priority_policy_takes_over_the_report_and_a_deleted_one_drops_it(runtime: Runtime) -> None:
+    runtime.on_policy(policy_body("low"))
+    runtime.on_pod(body("a"))
+    runtime.on_policy(policy_body("high", priority=9))
+    assert (runtime.unconfigured("low"), runtime.unconfigured("high")) == (0, 1)
+    runtime.on_policy(policy_body("high", priority=9), deleted=True)
+    assert (runtime.unconfigured("low"), runtime.unconfigured("high")) == (1, 0)
+
+
+def test_pods_in_excluded_namespaces_are_never_reported(runtime: Runtime) -> None:
+    runtime.store.put_namespace({"metadata": {"name": "kube-system", "labels": {}}})
+    runtime.on_policy(policy_body("vllm", namespaceSelector={}))
+    system = {**body("coredns"), "metadata": {**body("coredns")["metadata"], "namespace": "kube-system"}}
+    assert runtime.on_pod(system) == []
+    assert runtime.unconfigured("vllm") == 0
+
+
+# -- on the control plane ----------------------------------------------------------------------------
+@pytest.mark.controlplane
+def test_pods_created_before_their_policy_are_reported_until_recreated(operator: Any, kit: Any, namespace: str) -> None:
+    kit.node(f"u-{kit.unique}", "trtllm")
+    kit.pod(namespace, "early")
+    kit.pod(namespace, "explicit", explicit())
+    kit.pod(namespace, "web", labels={"app": "web"})
+    kit.running(namespace, 3)
+    name = f"unconfigured-{kit.unique}"
+    kit.policy(name, namespace)
+
+    def counted(value: int) -> Any:
+        def check() -> dict[str, Any] | None:
+            status = kit.get_policy(name).get("status") or {}
+            return status if (status.get("pods") or {}).get("unconfigured") == value else None
+
+        return check
+
+    status = kit.wait(counted(1), 30, "one unconfigured pod in the policy status")
+    condition = {c["type"]: c for c in status["conditions"]}["UnconfiguredPods"]
+    assert condition["status"] == "True" and condition["reason"] == "PodsNotConfigured"
+    (event,) = kit.wait(
+        lambda: [e for e in kit.events(namespace, "early") if e["reason"] == "NotConfigured"], 30, "NotConfigured"
+    )
+    assert event["type"] == "Warning" and f"policy {name} selects this pod" in event["message"]
+    assert "rollout restart" in event["message"]
+    assert not [e for e in kit.events(namespace, "explicit") if e["reason"] == "NotConfigured"]
+
+    # recreated: the webhook configures the new pod, the report clears
+    kit.kube.call("DELETE", f"/api/v1/namespaces/{namespace}/pods/early", {"gracePeriodSeconds": 0})
+    kit.pod(namespace, "early-again")
+    status = kit.wait(counted(0), 30, "the report cleared")
+    condition = {c["type"]: c for c in status["conditions"]}["UnconfiguredPods"]
+    assert condition["status"] == "False" and condition["reason"] == "AllPodsConfigured"
+    kit.wait(lambda: kit.get_policy(name)["status"]["pods"]["decided"] == 1, 30, "the new pod decided")
