@@ -123,10 +123,10 @@ def main() -> None:
             }
         )
         started = time.perf_counter()
-        events = runtime.sweep_unconfigured()
+        events = runtime.unconfigured.sweep()
         sweeps.append(time.perf_counter() - started)
         assert generation > 2 or events, "the first sweep reports the unconfigured pods"
-    counted = sum(runtime.unconfigured(name) for name in runtime.store.policies)
+    counted = sum(len(runtime.unconfigured.pods(name)) for name in runtime.store.policies)
     sweeps.sort()
     print(
         f"recomputation after a policy change over {args.pods} pods: median {sweeps[len(sweeps) // 2] * 1000:.1f} ms, "

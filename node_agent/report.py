@@ -19,8 +19,9 @@ Schema ``fiar.io/probe-report``, version 1. Top-level keys:
 ``benchmark``                per passing backend: geometric-mean ratio to NCCL and the margin
 ``config``                   the probe options that shape results (timeout, ranks, benchmark)
 ``labels_kept_from``         only when no smoke test was conclusive and the verdict labels of an
-                             earlier report (same fingerprint and host policy) were kept: its
-                             ``probe_time``
+                             earlier report (same fingerprint and host policy) were kept: the
+                             ``probe_time`` of the probe that concluded them (carried over
+                             through consecutive inconclusive probes)
 
 The annotation is kept compact (no whitespace) and well under Kubernetes' 256 KiB budget for all
 annotations of an object. Reading one back (``parse``) never raises: an annotation that is too

@@ -13,7 +13,9 @@ from typing import Any, Final, cast
 import kopf
 
 import fiar_contract as contract
-from fiar_operator.runtime import Event, Runtime
+from fiar_operator.events import Event
+from fiar_operator.kube import PAGE
+from fiar_operator.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    settings.watching.chunk_size = PAGE  # kopf lists every pod: one page at a time, as the informers do
     settings.peering.name = _runtime(memo).settings.peering
     settings.peering.priority = _runtime(memo).settings.priority
     if not _runtime(memo).wait_synced(SYNC_TIMEOUT):
@@ -72,6 +75,11 @@ def node_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> 
 @kopf.on.event("", "v1", "pods")
 def pod_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
     _post(_runtime(memo).on_pod(body, deleted=type == "DELETED"))
+
+
+@kopf.on.event("", "v1", "namespaces")
+def namespace_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
+    _post(_runtime(memo).on_namespace(body, deleted=type == "DELETED"))
 
 
 @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)

@@ -44,7 +44,12 @@ SOURCES: Final = (
     Source(
         "namespaces", kube.NAMESPACES, Store.put_namespace, lambda s, o: s.delete_namespace(str(_meta(o).get("name")))
     ),
-    Source("policies", kube.POLICIES, Store.put_policy, lambda s, o: s.delete_policy(str(_meta(o).get("name")))),
+    Source(
+        "policies",
+        kube.POLICIES,
+        Store.put_policy,
+        lambda s, o: s.delete_policy(str(_meta(o).get("name")), str(_meta(o).get("uid") or "")),
+    ),
     Source(
         "pods",
         kube.PODS,

@@ -62,6 +62,10 @@ def _lines(response: Any) -> Iterator[bytes]:
             newline = buffer.find(b"\n")
 
 
+PAGE: Final = 500
+"""Objects per page of a list (the informers' and kopf's)."""
+
+
 class Listing:
     """The objects of a collection, read one page at a time while they are iterated.
 
@@ -174,7 +178,7 @@ class Kube:
             raise ApiError(f"{method} {path}: HTTP {response.status} {message}".strip(), response.status)
         return json.loads(data) if data else None
 
-    def list(self, path: str, label_selector: str | None = None, page: int = 500) -> Listing:
+    def list(self, path: str, label_selector: str | None = None, page: int = PAGE) -> Listing:
         """Every object of a collection, fetched page by page as the result is iterated."""
         return Listing(self, path, label_selector, page)
 

@@ -111,14 +111,18 @@ def _starts(status: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    """(name, sets the variable itself) of the containers the pod webhook could give the variable
+    (a container whose env is not a list is left alone there, so it is left out here)."""
+    containers = spec.get("containers")
     found = []
-    for container in spec.get("containers") or []:
+    for container in containers if isinstance(containers, list) else []:
         if not isinstance(container, Mapping):
             continue
         env = container.get("env")
-        entries = env if isinstance(env, list) else []
+        if env is not None and not isinstance(env, list):
+            continue
         explicit = any(
-            isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR and not is_injected(e) for e in entries
+            isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR and not is_injected(e) for e in env or []
         )
         found.append((str(container.get("name", "")), explicit))
     return tuple(found)

@@ -26,6 +26,8 @@ from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.policy import Policy, select_policy
 
 MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique"})
+UNCONFIGURED_EXAMPLES: Final = 3
+"""Unconfigured pods named in the UnconfiguredPods condition message."""
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,17 @@ def unconfigured_by(
     """The policy that selects a pod the pod webhook never configured (no ``fiar.io/policy`` label).
 
     None for a managed or finished pod, a pod in a namespace labelled ``fiar.io/ignore`` or not in
-    the namespace index (nothing is known of it), and a pod whose containers the policy leaves alone.
+    the namespace index (nothing is known of it), a pod whose containers the policy leaves alone, and
+    a pod of an Audit policy (the webhook would have changed nothing in it).
     """
     if record.managed or not record.active or not record.containers or namespace_labels is None:
         return None
     if contract.NAMESPACE_IGNORE_LABEL in namespace_labels:
         return None
     policy = select_policy(policies, namespace_labels, record.labels)
-    return policy if policy is not None and selects_a_container(record, policy) else None
+    if policy is None or policy.mode != "Enforce" or not selects_a_container(record, policy):
+        return None
+    return policy
 
 
 def unconfigured_pods(
@@ -205,17 +210,17 @@ def policy_status(
     pods: Iterable[PodRecord],
     previous: Mapping[str, Any] | None,
     now: str,
-    unconfigured: int = 0,
+    unconfigured: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The status subresource of a policy from the indexes (``unconfigured``: pods the policy selects
-    that the pod webhook never configured, see ``unconfigured_pods``)."""
+    """The status subresource of a policy from the indexes (``unconfigured``: ``namespace/name`` of the
+    pods the policy selects that the pod webhook never configured, see ``unconfigured_by``)."""
     counts = {"mnnvl": 0, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 0}
     for name, labels in nodes.items():
         facts = decide.node_facts(name, labels)
         counts[facts.verdict or "unprobed"] += 1
         if decide.verified_for(policy, facts):
             counts["verified"] += 1
-    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0, "unconfigured": unconfigured}
+    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0, "unconfigured": len(unconfigured)}
     for pod in pods:
         if not pod.active or pod.policy != policy.name:
             continue
@@ -253,17 +258,24 @@ def policy_status(
         _condition(
             old_conditions,
             "UnconfiguredPods",
-            unconfigured > 0,
+            bool(unconfigured),
             "PodsNotConfigured" if unconfigured else "AllPodsConfigured",
-            f"{unconfigured} pods this policy selects were created before it or while the pod webhook was "
-            "unavailable; they run with vLLM's default (auto) until recreated"
-            if unconfigured
-            else "every pod this policy selects was configured when it was created",
+            _unconfigured_summary(unconfigured),
             policy.generation,
             now,
         ),
     ]
     return {"observedGeneration": policy.generation, "nodes": counts, "pods": outcome, "conditions": conditions}
+
+
+def _unconfigured_summary(pods: Sequence[str]) -> str:
+    if not pods:
+        return "every pod this policy selects was configured when it was created"
+    examples = ", ".join(pods[:UNCONFIGURED_EXAMPLES]) + (", ..." if len(pods) > UNCONFIGURED_EXAMPLES else "")
+    return (
+        f"{len(pods)} pods this policy selects ({examples}) were created before it or while the pod webhook "
+        "was unavailable; they run with vLLM's default (auto) until recreated (e.g. kubectl rollout restart)"
+    )
 
 
 def invalid_status(generation: int, error: str, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:

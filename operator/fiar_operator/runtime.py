@@ -9,42 +9,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import fiar_contract as contract
 from fiar_operator import informers, reconcile
 from fiar_operator.admission import Admission, utc_now
 from fiar_operator.errors import ApiError
+from fiar_operator.events import Event, pod_ref
 from fiar_operator.kube import Kube, configuration
 from fiar_operator.metrics import Metrics
 from fiar_operator.pods import PodRecord
 from fiar_operator.server import READY_KINDS, Server
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
+from fiar_operator.unconfigured import Unconfigured
 
 log = logging.getLogger(__name__)
 
 PEERINGS = "/apis/kopf.dev/v1/clusterkopfpeerings"
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event the caller posts (kopf does, in handlers)."""
-
-    target: Mapping[str, Any]
-    type: str
-    reason: str
-    message: str
-
-
-def pod_ref(record: PodRecord) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": record.name, "namespace": record.namespace, "uid": record.uid},
-    }
 
 
 class StatusWriter:
@@ -56,7 +39,7 @@ class StatusWriter:
         kube: Kube,
         interval: float,
         clock: Callable[[], str] = utc_now,
-        unconfigured: Callable[[str], int] = lambda _name: 0,
+        unconfigured: Callable[[str], Sequence[str]] = lambda _name: (),
     ) -> None:
         self.store, self.kube, self.interval, self.clock = store, kube, interval, clock
         self.unconfigured = unconfigured
@@ -74,14 +57,6 @@ class StatusWriter:
 
     def start(self) -> None:
         self._thread.start()
-
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait until every index has been listed once (the reconciler should not act on a partial view)."""
-        deadline = time.monotonic() + timeout
-        while not all(self.store.synced.get(kind) for kind in READY_KINDS):
-            if self._stop.wait(0.1) or time.monotonic() > deadline:
-                return False
-        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -129,20 +104,12 @@ class Runtime:
         self.metrics = Metrics(self.store.sizes)
         self.admission = Admission(self.store, self.metrics)
         self.server = Server(self.admission, self.metrics, settings, self.kube, lambda: self.store.synced)
-        self._unconfigured: dict[str, dict[tuple[str, str], str]] = {}
-        """Policy name -> pods it selects that the pod webhook never configured (key -> uid)."""
-        self.status = StatusWriter(
-            self.store,
-            self.kube,
-            settings.status_interval,
-            unconfigured=self.unconfigured,
-        )
+        self.status = StatusWriter(self.store, self.kube, settings.status_interval)
+        self.unconfigured = Unconfigured(self.store, self.excluded, self.status.mark)
+        self.status.unconfigured = self.unconfigured.pods
         self._stop = threading.Event()
-        self._lock = threading.RLock()
-        """kopf runs handlers in a thread pool: guards the reconciler's own bookkeeping below."""
-        self._swept: dict[str, int] = {}
-        """Policy name -> the generation whose unconfigured pods were last computed."""
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
+        """(uid, reason) of the one-off Warning events already asked for."""
         self._node_labels: dict[str, dict[str, str]] = {}
         """fiar.io labels of each node as last reconciled (not the store's copy, which the informer
         may update before kopf delivers the same change)."""
@@ -167,10 +134,13 @@ class Runtime:
                 raise
 
     def wait_synced(self, timeout: float) -> bool:
-        """Wait until every index has been listed once (the reconciler should not act on a partial view)."""
+        """Wait until every index has been listed once, so the reconciler never acts on a partial view.
+        False only when ``timeout`` passed first (a stopping runtime stops waiting and answers True)."""
         deadline = time.monotonic() + timeout
         while not all(self.store.synced.get(kind) for kind in READY_KINDS):
-            if self._stop.wait(0.1) or time.monotonic() > deadline:
+            if self._stop.wait(0.1):
+                return True
+            if time.monotonic() > deadline:
                 return False
         return True
 
@@ -216,88 +186,35 @@ class Runtime:
             self.metrics.decision(action.decision)
             events.append(Event(pod_ref(record), action.event_type, action.event_reason, action.message))
         warning = reconcile.multi_node_warning(record)
-        if warning and record.uid not in self._warned:
-            self._warned.add(record.uid)
+        if warning and (record.uid, "MultiNodeFallback") not in self._warned:
+            self._warned.add((record.uid, "MultiNodeFallback"))
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
         return events
-
-    # -- pods the pod webhook never configured ----------------------------------------------------
-    def unconfigured(self, policy: str) -> int:
-        """How many pods ``policy`` selects that the pod webhook never configured."""
-        with self._lock:
-            return len(self._unconfigured.get(policy, {}))
-
-    def _track_unconfigured(self, key: tuple[str, str], record: PodRecord | None) -> list[Event]:
-        """Update which policy (if any) reports the pod at ``key`` as unconfigured; the event for a new one."""
-        with self._lock:
-            return self._track_unconfigured_locked(key, record)
-
-    def _track_unconfigured_locked(self, key: tuple[str, str], record: PodRecord | None) -> list[Event]:
-        policy = None
-        if record is not None and not self.excluded(record.namespace):
-            policy = reconcile.unconfigured_by(
-                record, self.store.policies.values(), self.store.namespaces.get(record.namespace)
-            )
-        for name, pods in list(self._unconfigured.items()):
-            if key in pods and (policy is None or policy.name != name):
-                del pods[key]
-                self.status.mark(name)
-        if policy is None or record is None:
-            return []
-        pods = self._unconfigured.setdefault(policy.name, {})
-        if key not in pods:
-            pods[key] = record.uid
-            self.status.mark(policy.name)
-        if record.uid in self._warned:
-            return []
-        self._warned.add(record.uid)
-        return [Event(pod_ref(record), "Warning", "NotConfigured", reconcile.unconfigured_message(policy))]
-
-    def sweep_unconfigured(self) -> list[Event]:
-        """Recompute the unconfigured pods of every policy from the pod index, when a policy was added,
-        deleted or its spec changed (not on its own status writes)."""
-        with self._lock:
-            policies = dict(self.store.policies)
-            generations = {name: p.generation for name, p in policies.items()}
-            if generations == self._swept:
-                return []
-            self._swept = generations
-            found = reconcile.unconfigured_pods(
-                self.store.all_pods(), policies.values(), self.store.namespaces, self.excluded
-            )
-            events: list[Event] = []
-            for name in set(self._unconfigured) | set(found):
-                fresh = {p.key: p.uid for p in found.get(name, [])}
-                if self._unconfigured.get(name) != fresh:
-                    self.status.mark(name)
-                if name in policies:
-                    self._unconfigured[name] = fresh
-                else:
-                    self._unconfigured.pop(name, None)
-            for name, records in found.items():
-                message = reconcile.unconfigured_message(policies[name])
-                for record in records:
-                    if record.uid not in self._warned:
-                        self._warned.add(record.uid)
-                        events.append(Event(pod_ref(record), "Warning", "NotConfigured", message))
-            return events
 
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
         meta = body.get("metadata") or {}
         if deleted:
-            key = (str(meta.get("namespace")), str(meta.get("name")))
-            self.store.delete_pod(*key, str(meta.get("uid") or ""))
-            self._warned.discard(str(meta.get("uid") or ""))
+            key, uid = (str(meta.get("namespace")), str(meta.get("name"))), str(meta.get("uid") or "")
+            self.store.delete_pod(*key, uid)
+            self._warned.discard((uid, "MultiNodeFallback"))
             if (meta.get("labels") or {}).get(contract.LABEL_POD_POLICY):
                 self.status.mark(str(meta["labels"][contract.LABEL_POD_POLICY]))
-            self._track_unconfigured(key, None)
+            self.unconfigured.pod_deleted(key, uid)
             return []
         record = self.store.put_pod(body)
+        events = self.unconfigured.pod_changed(record)
         if not record.managed:
-            return self._track_unconfigured(record.key, record)
-        self._track_unconfigured(record.key, None)
+            return events
         self.status.mark(record.policy)
-        return self._reannotate(record)
+        return events + self._reannotate(record)
+
+    def on_namespace(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if deleted:
+            self.store.delete_namespace(name)
+        else:
+            self.store.put_namespace(body)
+        return self.unconfigured.sweep()
 
     def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
         meta = body.get("metadata") or {}
@@ -321,11 +238,11 @@ class Runtime:
     def on_policy(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
         name = str((body.get("metadata") or {}).get("name") or "")
         if deleted:
-            self.store.delete_policy(name)
-            return self.sweep_unconfigured()
+            self.store.delete_policy(name, str((body.get("metadata") or {}).get("uid") or ""))
+            return self.unconfigured.sweep()
         self.store.put_policy(body)
         self.status.mark(name)
-        events = self.sweep_unconfigured()
+        events = self.unconfigured.sweep()
         for record in self.store.pods_of_policy(name):
             events += self._reannotate(record)
         return events

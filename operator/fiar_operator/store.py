@@ -40,6 +40,11 @@ def _newer(new: str, old: str) -> bool:
         return True
 
 
+def _version(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
+
+
 def describe(obj: Any) -> str:
     """``namespace/name`` of an object for a log line, whatever shape it has."""
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -103,6 +108,9 @@ class Store:
         if not name:
             return
         with self._lock:
+            old = self.policy_objects.get(name)
+            if old is not None and not _newer(_version(obj), _version(old)):
+                return  # an event older than what is indexed (kopf and the informer deliver independently)
             self.policy_objects[name] = obj
             try:
                 self.policies[name] = policies.parse_policy(obj)
@@ -111,8 +119,12 @@ class Store:
                 self.policies.pop(name, None)
                 self.policy_errors[name] = str(exc)
 
-    def delete_policy(self, name: str) -> None:
+    def delete_policy(self, name: str, uid: str = "") -> None:
+        """Forget a policy (only the object with ``uid``, when given: not a re-created one of that name)."""
         with self._lock:
+            old = self.policy_objects.get(name)
+            if uid and old is not None and str((old.get("metadata") or {}).get("uid") or "") not in ("", uid):
+                return
             self.policies.pop(name, None)
             self.policy_objects.pop(name, None)
             self.policy_errors.pop(name, None)

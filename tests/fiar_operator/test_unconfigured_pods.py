@@ -9,12 +9,15 @@ import pytest
 from kubernetes import client
 
 import fiar_contract as contract
+from fiar_operator.events import TokenBucket
 from fiar_operator.kube import Kube
 from fiar_operator.pods import FIELD_PATH, PodRecord, pod_record
 from fiar_operator.policy import Policy, parse_policy
 from fiar_operator.reconcile import policy_status, unconfigured_by, unconfigured_pods
 from fiar_operator.runtime import Runtime
 from fiar_operator.settings import Settings
+from fiar_operator.store import Store
+from fiar_operator.unconfigured import Unconfigured
 
 NOW = "2026-05-01T12:00:00Z"
 NS = {"kubernetes.io/metadata.name": "ml"}
@@ -105,11 +108,12 @@ def test_a_sweep_groups_pods_by_policy_and_skips_excluded_namespaces() -> None:
 
 
 def test_status_counts_unconfigured_pods_with_a_condition_that_says_what_to_do() -> None:
-    status = policy_status(policy(), {}, [], None, NOW, unconfigured=2)
-    assert status["pods"]["unconfigured"] == 2
+    status = policy_status(policy(), {}, [], None, NOW, unconfigured=["ml/a", "ml/b", "ml/c", "ml/d"])
+    assert status["pods"]["unconfigured"] == 4
     condition = {c["type"]: c for c in status["conditions"]}["UnconfiguredPods"]
     assert condition["status"] == "True" and condition["reason"] == "PodsNotConfigured"
-    assert "2 pods" in condition["message"] and "recreated" in condition["message"]
+    assert condition["message"].startswith("4 pods this policy selects (ml/a, ml/b, ml/c, ...) were created")
+    assert "recreated" in condition["message"]
     cleared = policy_status(policy(), {}, [], status, "2026-05-01T13:00:00Z")
     condition = {c["type"]: c for c in cleared["conditions"]}["UnconfiguredPods"]
     assert condition["status"] == "False" and condition["lastTransitionTime"] == "2026-05-01T13:00:00Z"
@@ -142,19 +146,19 @@ def test_each_unconfigured_pod_gets_one_warning_and_is_counted_until_it_goes(run
     (event,) = runtime.on_pod(body("a"))
     assert (event.type, event.reason, event.target["metadata"]["uid"]) == ("Warning", "NotConfigured", "uid-a")
     assert runtime.on_pod(body("a")) == [], "one event per pod, not one per update"
-    assert runtime.unconfigured("vllm") == 1
+    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
     assert runtime.on_pod(body("a", phase="Succeeded")) == []
-    assert runtime.unconfigured("vllm") == 0, "a finished pod runs nothing"
+    assert runtime.unconfigured.pods("vllm") == [], "a finished pod runs nothing"
     runtime.on_pod(body("b"))
     runtime.on_pod(body("b"), deleted=True)
-    assert runtime.unconfigured("vllm") == 0
+    assert runtime.unconfigured.pods("vllm") == []
 
 
 def test_a_policy_created_after_its_pods_reports_them_at_once(runtime: Runtime) -> None:
     assert runtime.on_pod(body("a")) == [] and runtime.on_pod(body("b", {"app": "web"})) == []
     events = runtime.on_policy(policy_body("vllm"))
     assert [e.target["metadata"]["name"] for e in events] == ["a"]
-    assert runtime.unconfigured("vllm") == 1
+    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
     assert runtime.on_policy(policy_body("vllm")) == [], "its own status writes change nothing"
 
 
@@ -162,9 +166,9 @@ def test_a_higher_priority_policy_takes_over_the_report_and_a_deleted_one_drops_
     runtime.on_policy(policy_body("low"))
     runtime.on_pod(body("a"))
     runtime.on_policy(policy_body("high", priority=9))
-    assert (runtime.unconfigured("low"), runtime.unconfigured("high")) == (0, 1)
+    assert (runtime.unconfigured.pods("low"), runtime.unconfigured.pods("high")) == ([], ["ml/a"])
     runtime.on_policy(policy_body("high", priority=9), deleted=True)
-    assert (runtime.unconfigured("low"), runtime.unconfigured("high")) == (1, 0)
+    assert (runtime.unconfigured.pods("low"), runtime.unconfigured.pods("high")) == (["ml/a"], [])
 
 
 def test_pods_in_excluded_namespaces_are_never_reported(runtime: Runtime) -> None:
@@ -172,7 +176,61 @@ def test_pods_in_excluded_namespaces_are_never_reported(runtime: Runtime) -> Non
     runtime.on_policy(policy_body("vllm", namespaceSelector={}))
     system = {**body("coredns"), "metadata": {**body("coredns")["metadata"], "namespace": "kube-system"}}
     assert runtime.on_pod(system) == []
-    assert runtime.unconfigured("vllm") == 0
+    assert runtime.unconfigured.pods("vllm") == []
+
+
+def test_audit_policies_report_nothing_since_the_webhook_changes_no_env_under_them() -> None:
+    assert unconfigured_by(pod(), [policy(mode="Audit")], NS) is None
+
+
+def test_warnings_are_rate_limited_but_every_pod_is_counted() -> None:
+    store, marked = Store(), []
+    store.put_namespace({"metadata": {"name": "ml", "labels": NS}})
+    store.put_policy(policy_body("vllm"))
+    for i in range(10):
+        store.put_pod(body(f"p{i}"))
+    tracker = Unconfigured(store, lambda ns: False, marked.append, TokenBucket(3, 0.0, clock=lambda: 0.0))
+    events = tracker.sweep()
+    assert len(events) == 3 and {e.reason for e in events} == {"NotConfigured"}
+    assert len(tracker.pods("vllm")) == 10 and marked == ["vllm"]
+    assert tracker.pod_changed(store.pods[("ml", "p9")]) == [], "no token left"
+
+
+def test_pods_gone_in_a_relist_without_a_delete_event_are_no_longer_counted(runtime: Runtime) -> None:
+    runtime.on_policy(policy_body("vllm"))
+    runtime.on_pod(body("a"))
+    runtime.on_pod(body("b"))
+    runtime.store.replace_all("pods", [body("b")])  # the informer's relist after a watch gap
+    assert runtime.unconfigured.pods("vllm") == ["ml/b"]
+
+
+def test_a_late_delete_of_an_old_pod_keeps_its_namesake_counted(runtime: Runtime) -> None:
+    runtime.on_policy(policy_body("vllm"))
+    old = body("web-0")
+    runtime.on_pod({**old, "metadata": {**old["metadata"], "uid": "uid-new"}})
+    runtime.on_pod(old, deleted=True)  # the previous pod of that name, reported late
+    assert runtime.unconfigured.pods("vllm") == ["ml/web-0"]
+
+
+def test_a_namespace_that_stops_matching_clears_its_pods(runtime: Runtime) -> None:
+    runtime.on_policy(policy_body("vllm"))
+    runtime.on_pod(body("a"))
+    runtime.on_namespace({"metadata": {"name": "ml", "labels": {**NS, contract.NAMESPACE_IGNORE_LABEL: "true"}}})
+    assert runtime.unconfigured.pods("vllm") == []
+    events = runtime.on_namespace({"metadata": {"name": "ml", "labels": NS}})
+    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
+    assert events == [], "the pod was warned once already"
+
+
+def test_an_older_policy_event_or_the_delete_of_a_recreated_policy_changes_nothing() -> None:
+    store = Store()
+    store.put_policy({**policy_body("vllm", 2), "metadata": {"name": "vllm", "uid": "new", "resourceVersion": "20"}})
+    store.put_policy({**policy_body("vllm", 1), "metadata": {"name": "vllm", "uid": "old", "resourceVersion": "10"}})
+    assert store.policy_objects["vllm"]["metadata"]["uid"] == "new"
+    store.delete_policy("vllm", "old")
+    assert "vllm" in store.policies
+    store.delete_policy("vllm", "new")
+    assert "vllm" not in store.policies
 
 
 # -- on the control plane ----------------------------------------------------------------------------
