@@ -48,6 +48,8 @@ class Unconfigured:
         self._warned: set[str] = set()
         """Uids of pods that got their NotConfigured event."""
         self._swept: tuple[object, ...] | None = None
+        self._sweeping = threading.Lock()
+        """One sweep at a time (they compare against the last one's inputs)."""
 
     # -- reading (status writer) -----------------------------------------------------------------
     def pods(self, policy: str) -> list[str]:
@@ -98,30 +100,34 @@ class Unconfigured:
     # -- recomputation ---------------------------------------------------------------------------
     def sweep(self) -> list[Event]:
         """Recompute every policy's unconfigured pods from the pod index, when a policy was created,
-        changed or deleted, or a namespace's labels changed since the last sweep (not on status writes)."""
-        policies = dict(self.store.policies)
-        namespaces = {name: dict(labels) for name, labels in list(self.store.namespaces.items())}
-        uids = {
-            name: str((obj.get("metadata") or {}).get("uid") or "") for name, obj in self.store.policy_objects.items()
-        }
-        key = (sorted((n, uids.get(n, ""), p.generation) for n, p in policies.items()), namespaces)
-        with self._lock:
+        changed or deleted, or a namespace's labels changed since the last sweep (not on status writes).
+
+        The pass over the index runs outside the lock that pod events take; a pod event that lands
+        meanwhile is applied again by that pod's next event at the latest."""
+        with self._sweeping:
+            policies = dict(self.store.policies)
+            namespaces = {name: dict(labels) for name, labels in list(self.store.namespaces.items())}
+            objects = list(self.store.policy_objects.items())
+            uids = {name: str((obj.get("metadata") or {}).get("uid") or "") for name, obj in objects}
+            key = (sorted((n, uids.get(n, ""), p.generation) for n, p in policies.items()), namespaces)
             if key == self._swept:
                 return []
             self._swept = key
             pods = self.store.all_pods()
             found = reconcile.unconfigured_pods(pods, policies.values(), namespaces, self.excluded)
-            for name in set(self._pods) | set(found):
-                fresh = {p.key: p.uid for p in found.get(name, [])}
-                if self._pods.get(name) != fresh:
-                    self.mark(name)
-                if name in policies:
-                    self._pods[name] = fresh
-                else:
-                    self._pods.pop(name, None)
-            self._warned &= {p.uid for p in pods}  # forget pods that are gone
-            events: list[Event] = []
-            for name, records in sorted(found.items()):
-                for record in records:
-                    events += self._warn(record, policies[name])
-            return events
+            alive = {p.uid for p in pods}
+            with self._lock:
+                for name in set(self._pods) | set(found):
+                    fresh = {p.key: p.uid for p in found.get(name, [])}
+                    if self._pods.get(name) != fresh:
+                        self.mark(name)
+                    if name in policies:
+                        self._pods[name] = fresh
+                    else:
+                        self._pods.pop(name, None)
+                self._warned &= alive  # forget pods that are gone
+                events: list[Event] = []
+                for name, records in sorted(found.items()):
+                    for record in records:
+                        events += self._warn(record, policies[name])
+                return events
