@@ -191,7 +191,16 @@ class Runtime:
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
         return events
 
+    def _housekeeping(self) -> list[Event]:
+        """On every handler call (the active replica only): re-check the unconfigured pods now and
+        then, and the NotConfigured events the rate limit held back and now allows."""
+        self.unconfigured.refresh()
+        return self.unconfigured.drain()
+
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        return self._pod(body, deleted) + self._housekeeping()
+
+    def _pod(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
         meta = body.get("metadata") or {}
         if deleted:
             key, uid = (str(meta.get("namespace")), str(meta.get("name"))), str(meta.get("uid") or "")
@@ -209,6 +218,9 @@ class Runtime:
         return events + self._reannotate(record)
 
     def on_namespace(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        return self._namespace(body, deleted) + self._housekeeping()
+
+    def _namespace(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
         name = str((body.get("metadata") or {}).get("name") or "")
         if deleted:
             self.store.delete_namespace(name)
@@ -217,6 +229,9 @@ class Runtime:
         return self.unconfigured.sweep()
 
     def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        return self._node(body, deleted) + self._housekeeping()
+
+    def _node(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
         meta = body.get("metadata") or {}
         name = str(meta.get("name") or "")
         if deleted:
@@ -236,6 +251,9 @@ class Runtime:
         return events
 
     def on_policy(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        return self._policy(body, deleted) + self._housekeeping()
+
+    def _policy(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
         name = str((body.get("metadata") or {}).get("name") or "")
         if deleted:
             self.store.delete_policy(name, str((body.get("metadata") or {}).get("uid") or ""))

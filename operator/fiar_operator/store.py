@@ -67,6 +67,7 @@ class Store:
         self.nodes: dict[str, dict[str, str]] = {}
         self._node_versions: dict[str, str] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
+        self._namespace_versions: dict[str, str] = {}
         self.policies: dict[str, policies.Policy] = {}
         self.policy_objects: dict[str, Mapping[str, Any]] = {}
         self.policy_errors: dict[str, str] = {}
@@ -96,11 +97,19 @@ class Store:
     # -- namespaces ------------------------------------------------------------------------------
     def put_namespace(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        if meta.get("name"):
-            self.namespaces[str(meta["name"])] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        if not name:
+            return
+        with self._lock:
+            if not _newer(version, self._namespace_versions.get(name, "")):
+                return  # older than what is indexed (kopf and the informer deliver independently)
+            self.namespaces[name] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            self._namespace_versions[name] = version
 
     def delete_namespace(self, name: str) -> None:
-        self.namespaces.pop(name, None)
+        with self._lock:
+            self.namespaces.pop(name, None)
+            self._namespace_versions.pop(name, None)
 
     # -- policies --------------------------------------------------------------------------------
     def put_policy(self, obj: Mapping[str, Any]) -> None:
@@ -184,7 +193,7 @@ class Store:
             if kind == "nodes":
                 self.nodes, self._node_versions = fresh.nodes, fresh._node_versions
             elif kind == "namespaces":
-                self.namespaces = fresh.namespaces
+                self.namespaces, self._namespace_versions = fresh.namespaces, fresh._namespace_versions
             elif kind == "policies":
                 self.policies, self.policy_objects = fresh.policies, fresh.policy_objects
                 self.policy_errors = fresh.policy_errors

@@ -3,18 +3,21 @@
 Such a pod has no ``fiar.io/policy`` label: it was created before the policy, or while the webhook
 was unavailable (it fails open). Its environment can no longer change, so it is reported until it
 is recreated: counted in its policy's status (with a few examples in the condition message) and
-given one Warning event ``NotConfigured``. The events are rate limited: a new policy over thousands
-of existing pods, or an operator restart, must not flood the API server; the status always counts
+given one Warning event ``NotConfigured``. The events are rate limited so that a new policy over
+thousands of existing pods, or an operator restart, does not flood the API server: a pod refused
+by the limit waits in a queue that later handler calls drain (``drain``). The status always counts
 every pod.
 
-The reconciler feeds every pod event (``pod_changed``, ``pod_deleted``) and recomputes from the pod
-index when a policy or namespace changes (``sweep``). A re-list after a watch gap sends no deletions,
-so entries are checked against the pod index whenever they are read.
+Only the reconciler (kopf handlers, active replica) calls in: every pod event (``pod_changed``,
+``pod_deleted``), a recomputation from the pod index when a policy or a namespace changes
+(``sweep``), and ``refresh`` on any event, which at most every ``REFRESH_INTERVAL`` checks the
+entries against the pod index: a re-list after a watch gap sends no deletions.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -27,8 +30,14 @@ from fiar_operator.store import Store
 EVENT_BURST: Final = 20
 EVENTS_PER_SECOND: Final = 0.5
 """NotConfigured events: 20 at once, then one every 2 s across all pods."""
+REFRESH_INTERVAL: Final = 30.0
+"""Seconds between checks of the entries against the pod index."""
 
 Key = tuple[str, str]
+
+
+def _event(record: PodRecord, policy: Policy) -> Event:
+    return Event(pod_ref(record), "Warning", "NotConfigured", reconcile.unconfigured_message(policy))
 
 
 class Unconfigured:
@@ -38,40 +47,63 @@ class Unconfigured:
         excluded: Callable[[str], bool],
         mark: Callable[[str], None],
         limit: TokenBucket | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store, self.excluded, self.mark = store, excluded, mark
+        self.store, self.excluded, self.mark, self.clock = store, excluded, mark, clock
         self.limit = limit if limit is not None else TokenBucket(EVENT_BURST, EVENTS_PER_SECOND)
         self._lock = threading.RLock()
-        """kopf runs handlers in a thread pool; the status writer reads from its own thread."""
+        """kopf runs handlers in a thread pool; the status writer reads from its own thread. Every
+        change below happens under it, a sweep included, so no pod event interleaves with one."""
         self._pods: dict[str, dict[Key, str]] = {}
         """Policy name -> unconfigured pods it selects (key -> uid)."""
         self._warned: set[str] = set()
         """Uids of pods that got their NotConfigured event."""
+        self._waiting: dict[str, tuple[Key, str]] = {}
+        """Uid -> (pod key, policy name) of pods whose event the rate limit held back, oldest first."""
         self._swept: tuple[object, ...] | None = None
-        self._sweeping = threading.Lock()
-        """One sweep at a time (they compare against the last one's inputs)."""
+        self._refreshed = clock()
 
     # -- reading (status writer) -----------------------------------------------------------------
     def pods(self, policy: str) -> list[str]:
         """``namespace/name`` of the unconfigured pods ``policy`` selects, sorted; stale entries dropped."""
         with self._lock:
-            entries = self._pods.get(policy, {})
-            for key, uid in list(entries.items()):
-                record = self.store.pods.get(key)
-                if record is None or record.uid != uid or record.managed or not record.active:
-                    del entries[key]
-            return sorted(f"{ns}/{name}" for ns, name in entries)
+            self._check(policy)
+            return sorted(f"{ns}/{name}" for ns, name in self._pods.get(policy, {}))
+
+    def _check(self, policy: str) -> bool:
+        """Drop the entries of ``policy`` the pod index no longer backs; whether any was dropped."""
+        entries = self._pods.get(policy, {})
+        dropped = False
+        for key, uid in list(entries.items()):
+            record = self.store.pods.get(key)
+            if record is None or record.uid != uid or record.managed or not record.active:
+                del entries[key]
+                self._waiting.pop(uid, None)
+                dropped = True
+        return dropped
+
+    def refresh(self) -> None:
+        """At most every REFRESH_INTERVAL: check every entry against the pod index and mark the
+        policies whose count fell (pods that vanished during a watch gap)."""
+        with self._lock:
+            if self.clock() - self._refreshed < REFRESH_INTERVAL:
+                return
+            self._refreshed = self.clock()
+            for name in list(self._pods):
+                if self._check(name):
+                    self.mark(name)
 
     # -- pod events ------------------------------------------------------------------------------
     def pod_changed(self, record: PodRecord) -> list[Event]:
         """Track a pod after its event; the Warning for a newly found one (rate limited)."""
-        policy = None
-        if not record.managed and not self.excluded(record.namespace):
-            policies = list(self.store.policies.values())
-            policy = reconcile.unconfigured_by(record, policies, self.store.namespaces.get(record.namespace))
         with self._lock:
+            policy = None
+            if not record.managed and not self.excluded(record.namespace):
+                policies = list(self.store.policies.values())
+                policy = reconcile.unconfigured_by(record, policies, self.store.namespaces.get(record.namespace))
             self._drop(record.key, record.uid, keep=policy.name if policy else None)
             if policy is None:
+                self._waiting.pop(record.uid, None)
                 return []
             entries = self._pods.setdefault(policy.name, {})
             if entries.get(record.key) != record.uid:
@@ -83,6 +115,7 @@ class Unconfigured:
         with self._lock:
             self._drop(key, uid, keep=None)
             self._warned.discard(uid)
+            self._waiting.pop(uid, None)
 
     def _drop(self, key: Key, uid: str, keep: str | None) -> None:
         """Remove the pod at ``key`` (this uid, or any when ``uid`` is empty) from every policy but ``keep``."""
@@ -92,19 +125,36 @@ class Unconfigured:
                 self.mark(name)
 
     def _warn(self, record: PodRecord, policy: Policy) -> list[Event]:
-        if record.uid in self._warned or not self.limit.take():
+        if record.uid in self._warned:
+            return []
+        if self._waiting or not self.limit.take():  # first come, first served
+            self._waiting.setdefault(record.uid, (record.key, policy.name))
             return []
         self._warned.add(record.uid)
-        return [Event(pod_ref(record), "Warning", "NotConfigured", reconcile.unconfigured_message(policy))]
+        return [_event(record, policy)]
+
+    def drain(self) -> list[Event]:
+        """The held-back Warnings the rate limit allows now, oldest first (pods still unconfigured only)."""
+        events: list[Event] = []
+        with self._lock:
+            while self._waiting:
+                uid, (key, name) = next(iter(self._waiting.items()))
+                record, policy = self.store.pods.get(key), self.store.policies.get(name)
+                if record is None or policy is None or record.uid != uid or self._pods.get(name, {}).get(key) != uid:
+                    del self._waiting[uid]
+                    continue
+                if not self.limit.take():
+                    break
+                del self._waiting[uid]
+                self._warned.add(uid)
+                events.append(_event(record, policy))
+        return events
 
     # -- recomputation ---------------------------------------------------------------------------
     def sweep(self) -> list[Event]:
         """Recompute every policy's unconfigured pods from the pod index, when a policy was created,
-        changed or deleted, or a namespace's labels changed since the last sweep (not on status writes).
-
-        The pass over the index runs outside the lock that pod events take; a pod event that lands
-        meanwhile is applied again by that pod's next event at the latest."""
-        with self._sweeping:
+        changed or deleted, or a namespace's labels changed since the last sweep (not on status writes)."""
+        with self._lock:
             policies = dict(self.store.policies)
             namespaces = {name: dict(labels) for name, labels in list(self.store.namespaces.items())}
             objects = list(self.store.policy_objects.items())
@@ -115,19 +165,18 @@ class Unconfigured:
             self._swept = key
             pods = self.store.all_pods()
             found = reconcile.unconfigured_pods(pods, policies.values(), namespaces, self.excluded)
+            for name in set(self._pods) | set(found):
+                fresh = {p.key: p.uid for p in found.get(name, [])}
+                if self._pods.get(name) != fresh:
+                    self.mark(name)
+                if name in policies:
+                    self._pods[name] = fresh
+                else:
+                    self._pods.pop(name, None)
             alive = {p.uid for p in pods}
-            with self._lock:
-                for name in set(self._pods) | set(found):
-                    fresh = {p.key: p.uid for p in found.get(name, [])}
-                    if self._pods.get(name) != fresh:
-                        self.mark(name)
-                    if name in policies:
-                        self._pods[name] = fresh
-                    else:
-                        self._pods.pop(name, None)
-                self._warned &= alive  # forget pods that are gone
-                events: list[Event] = []
-                for name, records in sorted(found.items()):
-                    for record in records:
-                        events += self._warn(record, policies[name])
-                return events
+            self._warned &= alive  # forget pods that are gone
+            events: list[Event] = []
+            for name, records in sorted(found.items()):
+                for record in records:
+                    events += self._warn(record, policies[name])
+            return events

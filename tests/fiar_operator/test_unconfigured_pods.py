@@ -3,6 +3,7 @@ the webhook was unavailable) run with vLLM's default and are reported, never sil
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -183,25 +184,84 @@ def test_audit_policies_report_nothing_since_the_webhook_changes_no_env_under_th
     assert unconfigured_by(pod(), [policy(mode="Audit")], NS) is None
 
 
-def test_warnings_are_rate_limited_but_every_pod_is_counted() -> None:
-    store, marked = Store(), []
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tracker_over(pods: int, clock: Clock, marked: list[str], burst: int = 3) -> tuple[Store, Unconfigured]:
+    store = Store()
     store.put_namespace({"metadata": {"name": "ml", "labels": NS}})
     store.put_policy(policy_body("vllm"))
-    for i in range(10):
+    for i in range(pods):
         store.put_pod(body(f"p{i}"))
-    tracker = Unconfigured(store, lambda ns: False, marked.append, TokenBucket(3, 0.0, clock=lambda: 0.0))
+    limit = TokenBucket(burst, 1.0, clock=clock)
+    return store, Unconfigured(store, lambda ns: False, marked.append, limit, clock=clock)
+
+
+def test_warnings_are_rate_limited_then_drained_in_order_and_every_pod_is_counted() -> None:
+    clock, marked = Clock(), []
+    store, tracker = tracker_over(10, clock, marked)
     events = tracker.sweep()
-    assert len(events) == 3 and {e.reason for e in events} == {"NotConfigured"}
+    assert [e.target["metadata"]["name"] for e in events] == ["p0", "p1", "p2"]
     assert len(tracker.pods("vllm")) == 10 and marked == ["vllm"]
-    assert tracker.pod_changed(store.pods[("ml", "p9")]) == [], "no token left"
+    assert tracker.pod_changed(store.pods[("ml", "p9")]) == [], "no token left: it waits its turn"
+    assert tracker.drain() == []
+    clock.now = 2.0  # two tokens back
+    assert [e.target["metadata"]["name"] for e in tracker.drain()] == ["p3", "p4"]
+    store.delete_pod("ml", "p5", "uid-p5")
+    tracker.pod_deleted(("ml", "p5"), "uid-p5")
+    clock.now = 100.0
+    assert [e.target["metadata"]["name"] for e in tracker.drain()] == ["p6", "p7", "p8"]
+    clock.now = 200.0
+    assert [e.target["metadata"]["name"] for e in tracker.drain()] == ["p9"]
+    assert tracker.drain() == [] and tracker.sweep() == [], "each pod warned once"
 
 
-def test_pods_gone_in_a_relist_without_a_delete_event_are_no_longer_counted(runtime: Runtime) -> None:
-    runtime.on_policy(policy_body("vllm"))
-    runtime.on_pod(body("a"))
-    runtime.on_pod(body("b"))
-    runtime.store.replace_all("pods", [body("b")])  # the informer's relist after a watch gap
-    assert runtime.unconfigured.pods("vllm") == ["ml/b"]
+def test_a_delete_event_removes_the_pod_before_the_index_notices() -> None:
+    store, tracker = tracker_over(2, Clock(), [])
+    tracker.sweep()
+    tracker.pod_deleted(("ml", "p1"), "uid-p1")
+    assert ("ml", "p1") in store.pods and tracker.pods("vllm") == ["ml/p0"]
+
+
+def test_pods_gone_in_a_relist_without_a_delete_event_are_uncounted_and_their_policy_rewritten() -> None:
+    clock, marked = Clock(), []
+    store, tracker = tracker_over(2, clock, marked)
+    tracker.sweep()
+    marked.clear()
+    store.replace_all("pods", [body("p1")])  # the informer's relist after a watch gap
+    tracker.refresh()
+    assert marked == [], "not checked again before the interval"
+    clock.now = 31.0
+    tracker.refresh()
+    assert marked == ["vllm"] and tracker.pods("vllm") == ["ml/p1"]
+
+
+def test_a_pod_event_during_a_sweep_is_applied_after_it() -> None:
+    store = Store()
+    store.put_namespace({"metadata": {"name": "ml", "labels": NS}})
+    store.put_policy(policy_body("vllm"))
+    late = threading.Thread()
+
+    def excluded(namespace: str) -> bool:  # called by the sweep while it holds the tracker
+        nonlocal late
+        if not late.is_alive() and ("ml", "late") not in store.pods:
+            store.put_pod(body("late"))
+            late = threading.Thread(target=tracker.pod_changed, args=(store.pods[("ml", "late")],))
+            late.start()
+            late.join(0.2)
+            assert late.is_alive(), "the pod event waits for the sweep"
+        return False
+
+    store.put_pod(body("early"))
+    tracker = Unconfigured(store, excluded, lambda name: None)
+    tracker.sweep()
+    late.join(5)
+    assert tracker.pods("vllm") == ["ml/early", "ml/late"]
 
 
 def test_a_late_delete_of_an_old_pod_keeps_its_namesake_counted(runtime: Runtime) -> None:
@@ -222,8 +282,11 @@ def test_a_namespace_that_stops_matching_clears_its_pods(runtime: Runtime) -> No
     assert events == [], "the pod was warned once already"
 
 
-def test_an_older_policy_event_or_the_delete_of_a_recreated_policy_changes_nothing() -> None:
+def test_older_policy_or_namespace_events_and_the_delete_of_a_recreated_policy_change_nothing() -> None:
     store = Store()
+    store.put_namespace({"metadata": {"name": "ml", "resourceVersion": "7", "labels": {"team": "b"}}})
+    store.put_namespace({"metadata": {"name": "ml", "resourceVersion": "5", "labels": {"team": "a"}}})
+    assert store.namespaces["ml"] == {"team": "b"}
     store.put_policy({**policy_body("vllm", 2), "metadata": {"name": "vllm", "uid": "new", "resourceVersion": "20"}})
     store.put_policy({**policy_body("vllm", 1), "metadata": {"name": "vllm", "uid": "old", "resourceVersion": "10"}})
     assert store.policy_objects["vllm"]["metadata"]["uid"] == "new"
