@@ -85,10 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run the node daemon",
         description="Probe this node, label its own Node, re-probe on the interval, a driver change or "
-        "fiar.io/reprobe. A degraded probe that tested nothing conclusively (GPUs busy or unreadable, "
-        "torch/FlashInfer missing, kernels not built) never writes fiar.io/backend=none: it keeps the "
-        "previous verdict of the same driver and GPUs, or leaves fiar.io/backend out; the next probe then "
-        "comes after --retry-interval.",
+        "fiar.io/reprobe. A probe in which no backend passed but one could not be tested (GPUs busy, "
+        "torch/FlashInfer missing, kernels not built) or the GPUs could not be read never writes "
+        "fiar.io/backend=none: it keeps the previous verdict of the same hardware, or leaves "
+        "fiar.io/backend out; the next probe then comes after --retry-interval.",
         epilog=EPILOG,
     )
     _add_probe_options(r)

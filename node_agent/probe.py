@@ -249,11 +249,8 @@ def probe(
         models = ", ".join(sorted({g.name for g in inv.gpus})) or "no GPUs"
         say(f"inventory: {len(inv.gpus)} GPU(s) ({models}), driver {inv.driver_version}, CUDA {inv.cuda_driver_str}")
     reuse = report_mod.reusable_tests(previous, inv.fingerprint()) if inv is not None else {}
-    kept = (
-        report_mod.previous_verdict(previous, inv.fingerprint(), policy.multicast_forbidden)
-        if inv is not None
-        else None
-    )
+    fingerprint = inv.fingerprint() if inv is not None else None
+    kept = report_mod.previous_verdict(previous, fingerprint, policy.multicast_forbidden)
 
     tests: dict[contract.Backend, SmokeOutcome] = {}
     for backend in contract.BACKENDS:  # mnnvl first (when allowed), then trtllm

@@ -205,10 +205,16 @@ def reusable_tests(previous: Mapping[str, Any] | None, fingerprint: str) -> dict
 
 
 def previous_verdict(
-    previous: Mapping[str, Any] | None, fingerprint: str, multicast_forbidden: bool
+    previous: Mapping[str, Any] | None, fingerprint: str | None, multicast_forbidden: bool
 ) -> PreviousVerdict | None:
-    """The verdict labels of an earlier report for the same driver, GPUs and host policy, if it wrote one."""
-    if not previous or previous.get("fingerprint") != fingerprint:
+    """The verdict labels of an earlier report for the same driver, GPUs and host policy, if it wrote one.
+
+    ``fingerprint`` None: the GPUs cannot be read now (NVML missing or failing, a driver mid-upgrade).
+    Nothing says the hardware changed, so a report of the same host policy is taken, with its
+    ``fiar.io/gpus`` and ``fiar.io/clique``; a driver or GPU change shows once the GPUs read again."""
+    if not previous or not previous.get("fingerprint"):
+        return None
+    if fingerprint is not None and previous.get("fingerprint") != fingerprint:
         return None
     policy, labels = previous.get("policy"), previous.get("labels")
     if not isinstance(policy, dict) or policy.get("multicast_forbidden") is not multicast_forbidden:
@@ -221,4 +227,5 @@ def previous_verdict(
     # labels kept by an inconclusive probe still date from the probe that concluded them
     origin = previous.get("labels_kept_from")
     when = origin if isinstance(origin, str) and origin else previous.get("probe_time")
-    return PreviousVerdict(labels=kept, probe_time=str(when))
+    hardware = {k: str(labels[k]) for k in (contract.LABEL_GPUS, contract.LABEL_CLIQUE) if k in labels}
+    return PreviousVerdict(labels=kept, probe_time=str(when), hardware=hardware)

@@ -25,17 +25,21 @@ The probe is ``degraded`` when a step could not give an answer (no inventory, a 
 software, busy GPUs, kernels that could not be built or loaded); a backend that fails its test is a
 finding, not a degradation.
 
-A degraded probe in which no smoke test was conclusive (none passed, failed or timed out) claims no
-verdict: with a ``PreviousVerdict`` (an earlier report of the same driver, GPUs and host policy
-that wrote ``fiar.io/backend``) its ``backend``, ``multicast``, ``mnnvl`` and ``trtllm`` labels are
-kept; without one ``fiar.io/backend`` is left out (absent means "not probed", not ``none``). The
-reasons say which.
+``none`` needs every backend that could run on the node to have been tried. A probe in which no
+backend passed but one could not be tested (skipped as degraded: GPUs busy, torch/FlashInfer
+missing, kernels not built, cancelled), or whose GPUs could not be read, claims no verdict: an
+untested trtllm may work, and ``none`` would hand the node the fallback (vLLM's ``auto``, which
+picks mnnvl). With a ``PreviousVerdict`` (an earlier report of the same driver, GPUs and host
+policy that wrote ``fiar.io/backend``; of the same host policy when the GPUs cannot be read now)
+its ``backend``, ``multicast``, ``mnnvl`` and ``trtllm`` labels are kept, and also ``gpus`` and
+``clique`` when the GPUs cannot be read; without one ``fiar.io/backend`` is left out (absent means
+"not probed", not ``none``). The reasons say which.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,10 +59,13 @@ VERDICT_LABELS = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, contract.LAB
 
 @dataclass(frozen=True)
 class PreviousVerdict:
-    """The labels of an earlier report of the same driver, GPUs and host policy (``report.previous_verdict``)."""
+    """The labels of an earlier report of the same driver, GPUs and host policy, or of the same host
+    policy when the GPUs cannot be read now (``report.previous_verdict``)."""
 
     labels: Mapping[str, str]
     probe_time: str
+    hardware: Mapping[str, str] = field(default_factory=dict)
+    """``fiar.io/gpus`` and ``fiar.io/clique`` of that report: kept too when the GPUs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,10 @@ def decide(
             backend = name
     gpus = len(inv.gpus) if inv is not None else 0
     degraded = inv is None or any(t.degraded for t in tests.values())
-    inconclusive = degraded and all(t.result == "skipped" for t in tests.values())
+    # ``none`` needs every backend that could run here to have been tried: a test this probe could
+    # not run (kernels not built, torch missing, GPUs busy, cancelled) might have passed.
+    untested = [name for name, t in tests.items() if t.result == "skipped" and t.degraded]
+    inconclusive = backend == "none" and (inv is None or bool(untested))
     if backend == "none" and not inconclusive:
         if inv is not None and gpus < 2:
             reasons.append(
@@ -220,16 +230,20 @@ def decide(
         verdict = _verdict_value(labels[contract.LABEL_BACKEND])
         multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), multicast)
         kept_from = previous.probe_time
+        same = "same host policy; the GPUs could not be read" if inv is None else "same driver, GPUs and host policy"
         reasons.append(
-            f"no smoke test gave an answer; the verdict labels of the probe at {previous.probe_time} "
-            "(same driver, GPUs and host policy) are kept"
+            f"no backend passed and {_untested(untested, inv)}; the verdict labels of the probe at "
+            f"{previous.probe_time} ({same}) are kept"
         )
+        if inv is None:
+            labels.update(previous.hardware)
     elif inconclusive:
         del labels[contract.LABEL_BACKEND]
         verdict = None
         reasons.append(
-            "no verdict: no smoke test gave an answer and there is no earlier verdict of the same driver, GPUs "
-            f"and host policy to keep; {contract.LABEL_BACKEND} is not written (absent means not probed)"
+            f"no verdict: no backend passed and {_untested(untested, inv)}, and there is no earlier verdict of "
+            f"the same driver, GPUs and host policy to keep; {contract.LABEL_BACKEND} is not written (absent "
+            "means not probed)"
         )
     return Verdict(
         labels=labels,
@@ -240,6 +254,12 @@ def decide(
         bench=judgements,
         kept_from=kept_from,
     )
+
+
+def _untested(untested: Sequence[str], inv: Inventory | None) -> str:
+    if inv is None:
+        return "the GPUs could not be read"
+    return f"{' and '.join(untested)} could not be tested"
 
 
 def _verdict_value(value: str) -> contract.Verdict | None:

@@ -70,7 +70,8 @@ TR_PASS, TR_ERR = passed("trtllm"), failed("trtllm")
         (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
         (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
         (TWO, NO_POLICY, MN_BUSY, TR_BUSY, None, "unknown", "degraded"),  # nothing conclusive: no backend label
-        (TWO, NO_POLICY, MN_HANG, TR_BUSY, "none", "unknown", "degraded"),  # a timeout is a finding
+        (TWO, NO_POLICY, MN_HANG, TR_BUSY, None, "unknown", "degraded"),  # trtllm untested: maybe it works
+        (TWO, NO_POLICY, MN_HANG, TR_ERR, "none", "unknown", "degraded"),  # a timeout is a finding
     ],
 )
 def test_labels_follow_the_rules(
@@ -106,6 +107,17 @@ def test_no_inventory_gives_zero_gpus_unknown_multicast_and_degraded() -> None:
     assert verdict.reasons[0] == "inventory unavailable: nvml: not found"
 
 
+def test_no_inventory_keeps_the_previous_verdict_with_its_gpu_count() -> None:
+    tests = {"mnnvl": skipped("mnnvl", "no_inventory", True), "trtllm": skipped("trtllm", "no_inventory", True)}
+    previous = PreviousVerdict(PREVIOUS.labels, PREVIOUS.probe_time, {contract.LABEL_GPUS: "8"})
+    verdict = decide(
+        None, NO_POLICY, tests, inventory_error="inventory unavailable: nvml: not found", previous=previous
+    )
+    assert verdict.labels == {**PREVIOUS.labels, contract.LABEL_GPUS: "8"}
+    assert verdict.status == "degraded" and verdict.kept_from == PREVIOUS.probe_time
+    assert any("the GPUs could not be read" in r and "are kept" in r for r in verdict.reasons)
+
+
 PREVIOUS = PreviousVerdict(
     {
         contract.LABEL_BACKEND: "trtllm",
@@ -127,8 +139,19 @@ def test_an_inconclusive_probe_claims_no_backend(trtllm: SmokeOutcome) -> None:
     assert verdict.labels[contract.LABEL_TRTLLM] == "skipped"
     assert verdict.status == "degraded"
     assert verdict.kept_from is None
-    assert any(r.startswith("no verdict: no smoke test gave an answer") for r in verdict.reasons)
+    assert any(r.startswith("no verdict: no backend passed and trtllm could not be tested") for r in verdict.reasons)
     assert not any(r.startswith("backend none") for r in verdict.reasons)
+
+
+@pytest.mark.parametrize("trtllm", [TR_BUSY, TR_MISSING, TR_JIT])
+@pytest.mark.parametrize("mnnvl", [MN_NULL, MN_ERR, MN_HANG])
+def test_a_failed_mnnvl_with_an_untested_trtllm_is_no_verified_none(mnnvl: SmokeOutcome, trtllm: SmokeOutcome) -> None:
+    """mnnvl broken, trtllm not runnable this time (say, an image whose kernels do not build): claiming
+    none would hand such nodes the fallback, vLLM's auto, which picks the broken mnnvl."""
+    fresh = decide(TWO, NO_POLICY, {"mnnvl": mnnvl, "trtllm": trtllm})
+    assert contract.LABEL_BACKEND not in fresh.labels and fresh.status == "degraded"
+    kept = decide(TWO, NO_POLICY, {"mnnvl": mnnvl, "trtllm": trtllm}, previous=PREVIOUS)
+    assert kept.labels[contract.LABEL_BACKEND] == "trtllm" and kept.kept_from == PREVIOUS.probe_time
 
 
 @pytest.mark.parametrize("trtllm", [TR_BUSY, TR_MISSING, TR_JIT])
@@ -145,7 +168,7 @@ def test_an_inconclusive_probe_keeps_the_previous_verdict(trtllm: SmokeOutcome) 
     ("host", "policy", "mnnvl", "trtllm"),
     [
         (TWO, FORBID, MN_POLICY, TR_ERR),  # the test ran and failed
-        (TWO, NO_POLICY, MN_HANG, TR_BUSY),  # a timeout is a finding
+        (TWO, NO_POLICY, MN_HANG, TR_ERR),  # a timeout is a finding
         (ONE, NO_POLICY, MN_NA, TR_NA),  # one GPU
     ],
 )
