@@ -12,7 +12,10 @@ never claims ``none`` (see ``verdict``).
 
 The previous report is read from the Node's ``fiar.io/probe-report`` at start; an annotation that
 cannot be read as a report (too large, not JSON, too deeply nested, wrong version or shape) counts
-as no previous report, with the reason logged.
+as no previous report, with the reason logged. When the API cannot be read at start, the probe runs
+without it, and the report is read before the first write: if that probe concluded nothing and the
+Node has a verdict, the agent probes again with it rather than write "no verdict" over it. A report
+whose GPUs could not be read never replaces, as the next probe's comparison, one whose GPUs could.
 
 A verdict that cannot be written (API server down, Node not registered yet, RBAC) stays pending
 and is retried with exponential backoff; the labels are written as soon as the API answers. An
@@ -115,6 +118,8 @@ class Agent:
         self._reprobe_seen: str | None = None
         self._reprobe_requested: str | None = None
         self.last_report: dict[str, Any] | None = None
+        self.previous_read = False
+        """Whether the Node's earlier report was read (the API may be down at start)."""
         self.probes_done = 0
 
     # -- triggers ------------------------------------------------------------------------------
@@ -153,12 +158,14 @@ class Agent:
         return triggers, reprobe
 
     # -- loop ----------------------------------------------------------------------------------
-    def _load_previous(self) -> None:
+    def _load_previous(self) -> bool:
+        """Read the Node's last report (and a pending reprobe request); whether the Node could be read."""
         try:
             state = self.publisher.read()
         except PublishError as exc:
-            log.info("no previous report (API: %s)", exc)
-            return
+            log.info("previous report not read yet (API: %s)", exc)
+            return False
+        self.previous_read = True
         text = state.annotations.get(contract.ANNOTATION_PROBE_REPORT)
         self.last_report, why = report_mod.parse(text)
         if text and self.last_report is None:
@@ -168,6 +175,7 @@ class Agent:
             )
         if state.reprobe is not None:
             self.on_node_state(state)
+        return True
 
     def _watch(self, stop: threading.Event) -> None:
         def on_error(exc: PublishError) -> None:
@@ -191,7 +199,10 @@ class Agent:
         if stop.is_set():
             return None
         self.metrics.record_probe(trigger, result.report)
-        self.last_report = result.report
+        if result.report.get("fingerprint") or not (self.last_report or {}).get("fingerprint"):
+            # a report that could not read the GPUs never replaces one that did: the next probe
+            # compares its hardware with the last one that was seen
+            self.last_report = result.report
         self.probes_done += 1
         log.info("verdict (%s): %s", result.report["status"], result.labels)
         return result.report
@@ -243,6 +254,16 @@ class Agent:
                 next_interval = time.monotonic() + wait_s
 
             now = time.monotonic()
+            if pending is not None and not self.previous_read and now >= next_write and self._load_previous():
+                # The API was down when the probe ran, so it could not keep the Node's verdict. If the
+                # probe concluded nothing and the Node has a verdict, probe again with it instead of
+                # writing "no verdict" over it.
+                had = (self.last_report or {}).get("labels") or {}
+                if contract.LABEL_BACKEND not in pending[0] and contract.LABEL_BACKEND in had:
+                    log.info("earlier verdict found on node %s; probing again to keep it", self.publisher.node_name)
+                    pending = None
+                    self.request("previous-report")
+                    continue
             if (pending is not None or clear is not None) and now >= next_write:
                 try:
                     if pending is not None:
@@ -253,6 +274,10 @@ class Agent:
                     if clear is not None:
                         cleared = self.publisher.clear_reprobe(clear)
                         log.info("reprobe annotation %s", "cleared" if cleared else "changed meanwhile; kept")
+                        if cleared:
+                            with self._lock:  # the same value set again later is a new request
+                                if self._reprobe_seen == clear:
+                                    self._reprobe_seen = None
                         clear = None
                     publish_backoff.reset()
                 except PublishError as exc:

@@ -40,6 +40,7 @@ from node_agent.policy import HostPolicy, resolve
 from node_agent.smoke import launcher
 from node_agent.smoke.outcome import (
     KIND_BUSY,
+    KIND_CANCELLED,
     KIND_NO_INVENTORY,
     KIND_NOT_APPLICABLE,
     KIND_NOT_PREBUILT,
@@ -254,6 +255,9 @@ def probe(
 
     tests: dict[contract.Backend, SmokeOutcome] = {}
     for backend in contract.BACKENDS:  # mnnvl first (when allowed), then trtllm
+        if cancel is not None and cancel.is_set():  # stopping: start no new GPU work
+            tests[backend] = SmokeOutcome.skipped(backend, KIND_CANCELLED, "the agent was stopped", degraded=True)
+            continue
         plan = _plan(backend, inv, policy, config, software, reuse, env)
         if isinstance(plan, SmokeOutcome):
             tests[backend] = plan

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 import fiar_contract as contract
@@ -145,6 +146,10 @@ class Transport:
             resp.release_conn()
 
 
+MIN_WATCH_S: Final = 1.0
+"""A watch stream that ends sooner than this counts as failing: backoff before reconnecting."""
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with jitter: ``initial * factor**n`` capped at ``cap`` seconds."""
@@ -259,13 +264,15 @@ class NodePublisher:
         selector = quote(f"metadata.name={self.node_name}", safe="")
         path = f"/api/v1/nodes?watch=true&fieldSelector={selector}&timeoutSeconds={window_s}"
         while not stop.is_set():
+            opened, healthy = time.monotonic(), True
             try:
                 for event in self._transport().stream(path, read_timeout_s=window_s + 15):
-                    backoff.reset()
                     if stop.is_set():
                         return
                     if event.get("type") == "ERROR":
+                        healthy = False
                         break
+                    backoff.reset()
                     obj = event.get("object")
                     if event.get("type") in ("ADDED", "MODIFIED") and isinstance(obj, dict):
                         on_state(_state(obj))
@@ -273,4 +280,8 @@ class NodePublisher:
                 if on_error is not None:
                     on_error(translate(exc))
                 self._local.transport = None
+                stop.wait(backoff.next_delay())
+                continue
+            if not healthy or time.monotonic() - opened < MIN_WATCH_S:
+                # an ERROR event, or a stream that closed at once: never reconnect in a tight loop
                 stop.wait(backoff.next_delay())

@@ -191,6 +191,46 @@ def test_inconclusive_probe_keeps_the_verdict_and_retries_sooner(
     assert d.stop() == 0
 
 
+def _simulate(fixture: Path, **settings: Any) -> None:
+    doc = json.loads(fixture.read_text())
+    doc["simulate"] = settings
+    fixture.write_text(json.dumps(doc))
+
+
+def test_unreadable_gpus_in_between_do_not_lose_the_verdict(
+    plane_a: ControlPlane,
+    unique: str,
+    daemon: Callable[..., Any],
+    host_file: Callable[..., Path],
+    eventually_fn: Callable[..., Any],
+) -> None:
+    own = f"gpu-{unique}"
+    plane_a.add_node(own)
+    fixture = host_file("h200x2-host")
+    d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "600")
+    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="first verdict")
+    first = _report(plane_a, own)
+    assert first is not None
+
+    _simulate(fixture, nvml="missing")  # NVML fails for a while
+    annotate(plane_a, own, contract.ANNOTATION_REPROBE, "nvml")
+    eventually_fn(lambda: d.metric("fiar_agent_probes_total") == 2, what="a probe with unreadable GPUs")
+    eventually_fn(lambda: (_report(plane_a, own) or {}).get("fingerprint") is None, what="its report written")
+    assert fiar_labels(plane_a, own) == EXPECTED_H200X2, "unreadable GPUs keep the verdict and GPU count"
+
+    doc = json.loads(fixture.read_text())
+    doc["simulate"] = {}
+    doc["gpus"][1]["compute_processes"] = 1  # readable again, but busy: nothing can be tested
+    fixture.write_text(json.dumps(doc))
+    annotate(plane_a, own, contract.ANNOTATION_REPROBE, "busy")
+    eventually_fn(lambda: d.metric("fiar_agent_probes_total") == 3, what="a probe on busy GPUs")
+    eventually_fn(lambda: (_report(plane_a, own) or {}).get("fingerprint") is not None, what="its report written")
+    third = _report(plane_a, own)
+    assert third is not None and third["tests"]["trtllm"]["reused_from"] == first["probe_time"], "busy: kept result"
+    assert fiar_labels(plane_a, own) == EXPECTED_H200X2, "compared with the last readable probe, not the blind one"
+    assert d.stop() == 0
+
+
 def test_inconclusive_probe_on_a_node_without_a_verdict_writes_no_backend(
     plane_a: ControlPlane,
     unique: str,

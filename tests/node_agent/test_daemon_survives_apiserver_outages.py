@@ -59,3 +59,31 @@ def test_labels_are_written_when_the_api_comes_back_and_a_restart_is_survived(
     )
     assert d.proc.poll() is None, "the daemon never exited"
     assert d.stop() == 0
+
+
+def test_a_verdict_on_the_node_survives_an_inconclusive_probe_made_while_the_api_was_down(
+    private_plane: Callable[[Tier], ControlPlane],
+    unique: str,
+    daemon: Callable[..., Any],
+    host_file: Callable[..., Path],
+    eventually_fn: Callable[..., Any],
+) -> None:
+    """The previous report could not be read at start, so the probe could not keep it; once the API
+    answers, the agent reads it and probes again instead of writing "no verdict" over it."""
+    plane = private_plane(Tier.A)
+    own = f"gpu-{unique}"
+    plane.add_node(own)
+    first = daemon(plane.kubeconfig, own, Path("h200x2-host"))
+    eventually_fn(lambda: labels(plane, own).get(contract.LABEL_BACKEND) == "trtllm", what="a first verdict")
+    assert first.stop() == 0
+
+    busy = host_file("h200x2-host", lambda doc: doc["gpus"][1].update(compute_processes=1))
+    plane.stop_component("kube-apiserver")
+    d = daemon(plane.kubeconfig, own, busy)
+    eventually_fn(lambda: d.metric("fiar_agent_probes_total") == 1, what="a probe while the API is down")
+    plane.start_component("kube-apiserver")
+    eventually_fn(lambda: d.metric("fiar_agent_probes_total") == 2, what="a second probe with the node's report")
+    eventually_fn(lambda: d.metric("fiar_agent_publish_pending") == 0, what="the verdict written")
+    assert labels(plane, own).get(contract.LABEL_BACKEND) == "trtllm", "the verdict was kept, not removed"
+    assert "earlier verdict found on node" in d.output()
+    assert d.stop() == 0

@@ -5,6 +5,7 @@ the verdict of an earlier report of the same hardware, or leaves the backend lab
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +73,16 @@ def test_busy_gpus_are_not_tested(host_file: Callable[..., Path], recorder: Call
     assert result.report["tests"]["trtllm"]["kind"] == "busy"
     assert "GPU 1: 2" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
+
+
+def test_a_stopping_agent_starts_no_smoke_test(host_file: Callable[..., Path], recorder: Callable[[Path], Any]) -> None:
+    stopping = threading.Event()
+    stopping.set()
+    hw = recorder(host_file("h200x2-host"))
+    result = probe(hw, ProbeConfig(), environ={}, cancel=stopping)
+    assert hw.workers == [], "no rank was started after SIGTERM"
+    assert result.report["tests"]["trtllm"]["kind"] == "cancelled"
+    assert B not in result.labels, "a cancelled probe is no verdict"
 
 
 def test_force_tests_busy_gpus(host_file: Callable[..., Path], recorder: Callable[[Path], Any]) -> None:
