@@ -254,16 +254,18 @@ class Agent:
                 next_interval = time.monotonic() + wait_s
 
             now = time.monotonic()
+            own = self.last_report
             if pending is not None and not self.previous_read and now >= next_write and self._load_previous():
                 # The API was down when the probe ran, so it could not keep the Node's verdict. If the
                 # probe concluded nothing and the Node has a verdict, probe again with it instead of
-                # writing "no verdict" over it.
+                # writing "no verdict" over it; else the probe's own report stays the one to compare with.
                 had = (self.last_report or {}).get("labels") or {}
                 if contract.LABEL_BACKEND not in pending[0] and contract.LABEL_BACKEND in had:
                     log.info("earlier verdict found on node %s; probing again to keep it", self.publisher.node_name)
                     pending = None
                     self.request("previous-report")
                     continue
+                self.last_report = own
             if (pending is not None or clear is not None) and now >= next_write:
                 try:
                     if pending is not None:
