@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
+from operator_admission_latency import timed  # the same timing loop as the admission benchmark
 
 import fiar_contract as contract
 from fiar_operator.kube import Kube
@@ -73,22 +72,6 @@ def build(pods: int, namespaces: int, policies: int) -> Runtime:
     return runtime
 
 
-def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
-    for _ in range(min(1000, rounds)):
-        fn()
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - started) / 1000)
-    samples.sort()
-    return {
-        "p50": samples[len(samples) // 2],
-        "p99": samples[int(len(samples) * 0.99)],
-        "mean": statistics.fmean(samples),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50_000)
@@ -111,8 +94,8 @@ def main() -> None:
     for name, body in cases.items():
         base = timed(lambda body=body: runtime.store.put_pod(body), args.rounds)
         full = timed(lambda body=body: runtime.on_pod(body), args.rounds)
-        ratio = full["p50"] / base["p50"]
-        print(f"{name:48} {base['p50']:15.1f} {full['p50']:14.1f} {full['p99']:14.1f} {ratio:6.2f}")
+        ratio = full["p50_us"] / base["p50_us"]
+        print(f"{name:48} {base['p50_us']:15.1f} {full['p50_us']:14.1f} {full['p99_us']:14.1f} {ratio:6.2f}")
 
     sweeps = []
     for generation in range(2, 12):  # a policy change each time: the whole index is recomputed
