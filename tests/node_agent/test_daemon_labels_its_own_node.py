@@ -16,6 +16,7 @@ from kubernetes import client
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane
+from devcluster.waiting import wait_for
 from node_agent import report
 
 pytestmark = pytest.mark.controlplane
@@ -158,6 +159,19 @@ def _report(plane: ControlPlane, name: str) -> dict[str, Any] | None:
     return report.loads((node(plane, name).metadata.annotations or {}).get(contract.ANNOTATION_PROBE_REPORT))
 
 
+def _first_verdict(
+    plane: ControlPlane, unique: str, daemon: Callable[..., Any], fixture: Path, *args: str
+) -> tuple[str, Any, dict[str, Any]]:
+    """A node, a daemon on it simulating ``fixture``, and the report of its first (h200x2) verdict."""
+    own = f"gpu-{unique}"
+    plane.add_node(own)
+    d = daemon(plane.kubeconfig, own, fixture, *args)
+    wait_for(lambda: fiar_labels(plane, own) == EXPECTED_H200X2, 60, "first verdict")
+    first = _report(plane, own)
+    assert first is not None
+    return own, d, first
+
+
 def test_inconclusive_probe_keeps_the_verdict_and_retries_sooner(
     plane_a: ControlPlane,
     unique: str,
@@ -165,13 +179,9 @@ def test_inconclusive_probe_keeps_the_verdict_and_retries_sooner(
     host_file: Callable[..., Path],
     eventually_fn: Callable[..., Any],
 ) -> None:
-    own = f"gpu-{unique}"
-    plane_a.add_node(own)
     fixture = host_file("h200x2-host")
-    d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "1")
-    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="first verdict")
-    first = _report(plane_a, own)
-    assert first is not None and first["status"] == "ok"
+    own, d, first = _first_verdict(plane_a, unique, daemon, fixture, "--retry-interval", "1")
+    assert first["status"] == "ok"
     time.sleep(2)
     assert d.metric("fiar_agent_probes_total") == 1, "an ok probe waits for --interval, not --retry-interval"
 
@@ -204,13 +214,8 @@ def test_unreadable_gpus_in_between_do_not_lose_the_verdict(
     host_file: Callable[..., Path],
     eventually_fn: Callable[..., Any],
 ) -> None:
-    own = f"gpu-{unique}"
-    plane_a.add_node(own)
     fixture = host_file("h200x2-host")
-    d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "600")
-    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="first verdict")
-    first = _report(plane_a, own)
-    assert first is not None
+    own, d, first = _first_verdict(plane_a, unique, daemon, fixture, "--retry-interval", "600")
 
     _simulate(fixture, nvml="missing")  # NVML fails for a while
     annotate(plane_a, own, contract.ANNOTATION_REPROBE, "nvml")
