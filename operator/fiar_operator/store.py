@@ -80,7 +80,7 @@ class Store:
     # -- nodes -----------------------------------------------------------------------------------
     def put_node(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        name, version = str(meta.get("name") or ""), _version(obj)
         if not name:
             return
         with self._lock:
@@ -97,7 +97,7 @@ class Store:
     # -- namespaces ------------------------------------------------------------------------------
     def put_namespace(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        name, version = str(meta.get("name") or ""), _version(obj)
         if not name:
             return
         with self._lock:
