@@ -25,7 +25,6 @@ from fiar_operator import decide
 from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.policy import Policy, select_policy
 
-MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique"})
 UNCONFIGURED_EXAMPLES: Final = 3
 """Unconfigured pods named in the UnconfiguredPods condition message."""
 
@@ -44,16 +43,21 @@ def _missed(record: PodRecord) -> bool:
     return doc is None or (doc.get("trigger") == "create" and doc.get("reason") == "Pending")
 
 
-def _group_consistent(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[str, str]]) -> bool:
-    cliques = set()
+def _group_break(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[str, str]]) -> str | None:
+    """Why the bound members of a group no longer verify mnnvl in one NVLink clique; None while they do."""
+    cliques: dict[str, str] = {}
     for member in members:
         if member.node is None or not member.active:
             continue
         facts = decide.node_facts(member.node, nodes.get(member.node, {}))
-        if "mnnvl" not in facts.verified or facts.clique is None:
-            return False
-        cliques.add(facts.clique)
-    return len(cliques) <= 1
+        if "mnnvl" not in facts.verified:
+            return f"node {member.node} of member {member.name} has verdict {facts.verdict or 'unprobed'}"
+        if facts.clique is None:
+            return f"node {member.node} of member {member.name} is in no NVLink clique"
+        cliques.setdefault(facts.clique, member.node)
+    if len(cliques) > 1:
+        return "its nodes span NVLink cliques " + ", ".join(f"{c} ({n})" for c, n in sorted(cliques.items()))
+    return None
 
 
 def review_pod(
@@ -69,7 +73,8 @@ def review_pod(
     group = group_plan(record, policy)
     labels = nodes.get(record.node)
     fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
-    if group.multi and fresh.backend == "mnnvl" and not _group_consistent(members, nodes):
+    broken = _group_break(members, nodes) if group.multi else None
+    if broken is not None and fresh.backend == "mnnvl":
         fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique")
     current = record.backend
     if _missed(record):
@@ -93,6 +98,19 @@ def review_pod(
     still_verified = facts is not None and current in decide.verified_for(policy, facts) and not group.multi
     if still_verified:
         return None
+    own_node_kept_mnnvl = facts is not None and "mnnvl" in facts.verified and facts.clique is not None
+    if group.multi and fresh.backend != "mnnvl" and own_node_kept_mnnvl:
+        # This pod's own node still verifies mnnvl: the group around it changed.
+        broken = broken or "a node its placement admits does not verify mnnvl in the clique of the others"
+        name = f"multi-pod group {group.key}" if group.key else "the multi-pod group"
+        return Reannotation(
+            record,
+            replace(fresh, previous=current),
+            "Warning",
+            "GroupInconsistent",
+            f"{name} no longer verifies mnnvl in one NVLink clique ({broken}): "
+            f"backend {current} -> {fresh.backend} ({fresh.reason}), effective at the next container start",
+        )
     verdict = facts.verdict if facts and facts.verdict else "unprobed"
     return Reannotation(
         record,
@@ -117,16 +135,33 @@ def is_stale(record: PodRecord) -> bool:
     return any(started[:19] <= decided for started in record.container_starts.values())
 
 
-def multi_node_warning(record: PodRecord) -> str | None:
-    """The Warning event message for a group pod that got the fallback at binding, if it did."""
+def multi_node_warning(record: PodRecord, policy: Policy) -> str | None:
+    """The Warning event message for a pod of a multi-pod group that got the fallback when it was
+    decided at binding (or at CREATE, for a pod created with ``spec.nodeName``), if it did.
+
+    A group gets mnnvl only with the reason ``Verified``; any other final reason is a fallback,
+    whether the group rule refused mnnvl or the pod's own node could not give it (never probed,
+    unknown, verdict without mnnvl).
+    """
     doc = record.decision
-    if not doc or doc.get("reason") not in MULTI_NODE_REASONS or doc.get("trigger") != "binding":
+    if not doc or doc.get("trigger") not in ("binding", "create") or doc.get("policy") != policy.name:
         return None
-    if doc["reason"] == "MultiNodeNeedsMnnvl":
+    reason = doc.get("reason")
+    if reason in (decide.VERIFIED_REASON, "Pending") or not group_plan(record, policy).multi:
+        return None
+    node = doc.get("node") or record.node
+    if reason == "MultiNodeNeedsMnnvl":
         why = "the policy does not allow mnnvl and trtllm is invalid across pods"
-    else:
+    elif reason == "MultiNodeNoSharedClique":
         why = "not every node the group may use verifies mnnvl in one NVLink clique"
-    return f"multi-pod group {doc.get('group') or ''}: {why}; it runs with {doc.get('backend')}".replace("  ", " ")
+    elif reason == "NotProbed":
+        why = f"node {node} has no verdict yet (never probed by the fiar agent)"
+    elif reason == "NodeUnknown":
+        why = f"node {node} was not known to the operator"
+    else:
+        why = f"node {node} does not verify mnnvl (verdict {doc.get('nodeVerdict') or 'unprobed'})"
+    group = f"multi-pod group {doc['group']}" if doc.get("group") else "multi-pod group"
+    return f"{group}: {why}; it runs with {doc.get('backend')}"
 
 
 # -- pods the pod webhook never saw ----------------------------------------------------------------

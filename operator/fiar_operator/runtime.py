@@ -185,7 +185,7 @@ class Runtime:
             self.metrics.reconciled.labels(action.event_reason).inc()
             self.metrics.decision(action.decision)
             events.append(Event(pod_ref(record), action.event_type, action.event_reason, action.message))
-        warning = reconcile.multi_node_warning(record)
+        warning = reconcile.multi_node_warning(record, policy)
         if warning and (record.uid, "MultiNodeFallback") not in self._warned:
             self._warned.add((record.uid, "MultiNodeFallback"))
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))

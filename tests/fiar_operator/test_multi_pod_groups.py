@@ -56,3 +56,20 @@ def test_group_gets_the_fallback_and_a_warning_when_mnnvl_is_not_allowed(kit: An
 
     (event,) = kit.wait(warned, 30, "MultiNodeFallback event")
     assert event["type"] == "Warning" and "trtllm is invalid across pods" in event["message"]
+
+
+def test_each_pod_of_a_group_falling_back_on_an_unprobed_node_gets_a_warning(kit: Any, namespace: str) -> None:
+    kit.node(f"u-{kit.unique}", None, **{"nvidia.com/gpu.present": "true"})
+    kit.policy(f"anywhere-{kit.unique}", namespace, placement="Anywhere")
+    for name in ("lws-0", "lws-0-1"):
+        lws_pod(kit, namespace, name, "g3")
+    for pod in kit.running(namespace, 2):
+        decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
+        assert (decision["backend"], decision["reason"]) == ("auto", "NotProbed")
+    for name in ("lws-0", "lws-0-1"):
+
+        def warned(name: str = name) -> list[dict[str, Any]]:
+            return [e for e in kit.events(namespace, name) if e["reason"] == "MultiNodeFallback"]
+
+        (event,) = kit.wait(warned, 30, f"MultiNodeFallback event on {name}")
+        assert event["type"] == "Warning" and "never probed" in event["message"]

@@ -160,10 +160,57 @@ def test_stale_means_containers_started_before_the_backend_changed() -> None:
 
 
 def test_multi_node_fallback_at_binding_gets_a_warning_message() -> None:
+    group, size = {LWS_GROUP_KEY: "g"}, {LWS_SIZE: "2"}
     doc = {**at_binding("a", "auto", "trtllm", reason="MultiNodeNeedsMnnvl"), "group": "g"}
-    message = multi_node_warning(bound("a", "auto", doc))
+    message = multi_node_warning(bound("a", "auto", doc, labels=group, annotations=size), policy())
     assert message is not None and "trtllm is invalid across pods" in message
-    assert multi_node_warning(bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"))) is None
+    verified = {**at_binding("a", "mnnvl", "mnnvl"), "group": "g"}
+    assert multi_node_warning(bound("a", "mnnvl", verified, labels=group, annotations=size), policy()) is None
+
+
+def test_group_falling_back_on_an_unprobed_node_gets_a_warning_message() -> None:
+    doc = {**at_binding("gpu", "auto", "", reason="NotProbed"), "nodeVerdict": None, "group": "g"}
+    pod = bound("gpu", "auto", doc, labels={LWS_GROUP_KEY: "g"}, annotations={LWS_SIZE: "2"})
+    message = multi_node_warning(pod, policy(placement="Anywhere"))
+    assert message == (
+        "multi-pod group g: node gpu has no verdict yet (never probed by the fiar agent); it runs with auto"
+    )
+
+
+def test_single_pod_on_an_unprobed_node_gets_no_group_warning() -> None:
+    doc = {**at_binding("gpu", "auto", "", reason="NotProbed"), "nodeVerdict": None}
+    assert multi_node_warning(bound("gpu", "auto", doc), policy()) is None
+
+
+def test_group_member_whose_node_kept_mnnvl_is_told_that_the_group_became_inconsistent() -> None:
+    group, size = {LWS_GROUP_KEY: "g"}, {LWS_SIZE: "2"}
+    nodes = {
+        "a": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.1"}),
+        "b": verdict("trtllm", **{contract.LABEL_CLIQUE: "c.1"}),
+    }
+    a = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"), labels=group, annotations=size, name="a")
+    b = bound("b", "mnnvl", at_binding("b", "mnnvl", "mnnvl"), labels=group, annotations=size, name="b")
+    kept = review_pod(a, policy(), nodes, members=[a, b], now=NOW)
+    assert kept is not None and kept.event_reason == "GroupInconsistent"
+    assert "node a verdict" not in kept.message
+    assert "multi-pod group g no longer verifies mnnvl in one NVLink clique" in kept.message
+    assert "node b of member b has verdict trtllm" in kept.message and "mnnvl -> auto" in kept.message
+    changed = review_pod(b, policy(), nodes, members=[a, b], now=NOW)
+    assert changed is not None and changed.event_reason == "NodeVerdictChanged"
+    assert changed.message.startswith("node b verdict is now trtllm: backend mnnvl -> auto")
+
+
+def test_group_spread_over_two_cliques_names_them() -> None:
+    group, size = {LWS_GROUP_KEY: "g"}, {LWS_SIZE: "2"}
+    nodes = {
+        "a": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.1"}),
+        "b": verdict("mnnvl", **{contract.LABEL_CLIQUE: "c.2"}),
+    }
+    a = bound("a", "mnnvl", at_binding("a", "mnnvl", "mnnvl"), labels=group, annotations=size, name="a")
+    b = bound("b", "mnnvl", at_binding("b", "mnnvl", "mnnvl"), labels=group, annotations=size, name="b")
+    action = review_pod(a, policy(placement="Anywhere"), nodes, members=[a, b], now=NOW)
+    assert action is not None and action.event_reason == "GroupInconsistent"
+    assert "its nodes span NVLink cliques c.1 (a), c.2 (b)" in action.message
 
 
 def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
