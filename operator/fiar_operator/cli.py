@@ -80,8 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument(
         "--exclude-namespace",
         action="append",
-        default=None,
-        help="namespace the webhooks never see (repeatable; default kube-system)",
+        default=[],
+        help="namespace the webhooks never see, beside kube-system and the --service namespace (repeatable)",
+    )
+    config.add_argument(
+        "--timeout-seconds",
+        type=int,
+        default=webhookconfig.TIMEOUT_SECONDS,
+        help="API-server timeout of each webhook call, 1 to %(default)s (default: %(default)s)",
     )
     return parser
 
@@ -122,7 +128,11 @@ def _run(args: argparse.Namespace) -> int:
         ca = args.webhook_ca or args.tls_cert
         if ca is None:
             raise OperatorError("--register-webhooks needs --webhook-ca or --tls-cert")
-        config = webhookconfig.configuration(Path(ca).read_bytes(), url=args.register_webhooks)
+        config = webhookconfig.configuration(
+            Path(ca).read_bytes(),
+            url=args.register_webhooks,
+            selector=webhookconfig.namespace_selector(settings.excluded_namespaces),
+        )
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
     runtime.start()
     try:
@@ -151,13 +161,19 @@ def _webhook_config(args: argparse.Namespace) -> int:
             service = (namespace, name, int(port))
         except ValueError:
             raise OperatorError(f"--service {args.service!r}: expected NAMESPACE/NAME:PORT") from None
-    exclude = args.exclude_namespace if args.exclude_namespace is not None else ["kube-system"]
-    config = webhookconfig.configuration(
-        args.ca_file.read_bytes(),
-        url=args.url,
-        service=service,
-        selector=webhookconfig.namespace_selector(exclude),
-    )
+    # The operator's own namespace is never sent to its webhooks, as `run` never handles it.
+    own = {"POD_NAMESPACE": service[0]} if service else {}
+    exclude = excluded_namespaces(environ=own, extra=args.exclude_namespace)
+    try:
+        config = webhookconfig.configuration(
+            args.ca_file.read_bytes(),
+            url=args.url,
+            service=service,
+            selector=webhookconfig.namespace_selector(exclude),
+            timeout=args.timeout_seconds,
+        )
+    except ValueError as exc:
+        raise OperatorError(str(exc)) from None
     sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
     return 0
 

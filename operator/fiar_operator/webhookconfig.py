@@ -1,32 +1,60 @@
-"""The MutatingWebhookConfiguration of the two webhooks (the chart renders the same shape).
+"""The MutatingWebhookConfiguration of the two webhooks: the one place of their settings.
 
+``fiar-operator webhook-config``, ``fiar-operator run --register-webhooks`` (the local demo) and the
+Helm chart render the same webhooks; a test renders the chart and compares it with this module.
 Both webhooks fail open (failurePolicy Ignore): an operator outage leaves pods on their fallback
-backend and never blocks creation or scheduling. The binding webhook sees every binding in the
-namespaces it covers, so it gets the shortest timeout.
+backend and never blocks creation or scheduling. Both share one short timeout: the binding webhook
+sees every binding in the namespaces it covers and answers from memory.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 import fiar_contract as contract
+from fiar_operator.settings import ALWAYS_EXCLUDED
 
 NAME: Final = "fiar-operator"
 POD_HOOK: Final = f"pods.{contract.GROUP}"
 BINDING_HOOK: Final = f"binding.{contract.GROUP}"
 POD_PATH: Final = "/mutate/pods"
 BINDING_PATH: Final = "/mutate/binding"
+TIMEOUT_SECONDS: Final = 2
+"""API-server timeout of each webhook call; the chart's ``operator.webhook.timeoutSeconds`` default."""
+MAX_TIMEOUT_SECONDS: Final = 2
+"""Longest timeout allowed (the chart's values schema says the same): a slow call delays a binding."""
+FAILURE_POLICY: Final = "Ignore"
+SIDE_EFFECTS: Final = "None"
+MATCH_POLICY: Final = "Equivalent"
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    path: str
+    resource: str
+    reinvocation: Literal["IfNeeded", "Never"]
+    """IfNeeded on the pod hook: a container that a later webhook adds is selected too."""
+
+
+HOOKS: Final = (
+    Hook(POD_HOOK, POD_PATH, "pods", "IfNeeded"),
+    Hook(BINDING_HOOK, BINDING_PATH, "pods/binding", "Never"),
+)
 
 
 def namespace_selector(
-    exclude: Sequence[str] = ("kube-system",), extra: Mapping[str, Any] | None = None
+    exclude: Sequence[str] = ALWAYS_EXCLUDED, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Namespaces the webhooks see: not excluded, not labelled fiar.io/ignore, and matching ``extra``."""
-    expressions: list[dict[str, Any]] = [{"key": contract.NAMESPACE_IGNORE_LABEL, "operator": "DoesNotExist"}]
+    expressions: list[dict[str, Any]] = []
     if exclude:
-        expressions.append({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(exclude)})
+        names = list(dict.fromkeys(exclude))
+        expressions.append({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": names})
+    expressions.append({"key": contract.NAMESPACE_IGNORE_LABEL, "operator": "DoesNotExist"})
     selector: dict[str, Any] = {"matchExpressions": expressions + list((extra or {}).get("matchExpressions") or [])}
     if (extra or {}).get("matchLabels"):
         selector["matchLabels"] = dict((extra or {})["matchLabels"])
@@ -40,16 +68,17 @@ def configuration(
     service: tuple[str, str, int] | None = None,
     name: str = NAME,
     selector: Mapping[str, Any] | None = None,
-    pod_timeout: int = 5,
-    binding_timeout: int = 2,
+    timeout: int = TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """The configuration, pointing at ``url`` (https://host:port) or ``service`` (namespace, name, port)."""
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url and service")
+    if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
     ns_selector = dict(selector) if selector is not None else namespace_selector()
+    bundle = base64.b64encode(ca_bundle).decode()
 
     def client_config(path: str) -> dict[str, Any]:
-        bundle = base64.b64encode(ca_bundle).decode()
         if url is not None:
             return {"url": url.rstrip("/") + path, "caBundle": bundle}
         assert service is not None
@@ -58,24 +87,24 @@ def configuration(
             "caBundle": bundle,
         }
 
-    def hook(hook_name: str, resource: str, path: str, timeout: int, reinvocation: str) -> dict[str, Any]:
+    def webhook(hook: Hook) -> dict[str, Any]:
         return {
-            "name": hook_name,
-            "clientConfig": client_config(path),
+            "name": hook.name,
+            "clientConfig": client_config(hook.path),
             "rules": [
                 {
                     "apiGroups": [""],
                     "apiVersions": ["v1"],
                     "operations": ["CREATE"],
-                    "resources": [resource],
+                    "resources": [hook.resource],
                     "scope": "Namespaced",
                 }
             ],
             "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Ignore",
-            "matchPolicy": "Equivalent",
-            "reinvocationPolicy": reinvocation,
+            "sideEffects": SIDE_EFFECTS,
+            "failurePolicy": FAILURE_POLICY,
+            "matchPolicy": MATCH_POLICY,
+            "reinvocationPolicy": hook.reinvocation,
             "timeoutSeconds": timeout,
             "namespaceSelector": ns_selector,
         }
@@ -84,8 +113,5 @@ def configuration(
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fiar"}},
-        "webhooks": [
-            hook(POD_HOOK, "pods", POD_PATH, pod_timeout, "IfNeeded"),
-            hook(BINDING_HOOK, "pods/binding", BINDING_PATH, binding_timeout, "Never"),
-        ],
+        "webhooks": [webhook(hook) for hook in HOOKS],
     }
