@@ -45,6 +45,9 @@ def test_up_status_and_down_from_the_shell(controlplane_binaries: Any, tmp_path:
     assert len(pids) == 2 and all(_alive(p) for p in pids)
     status = devcluster(tmp_path, "status")
     assert status.returncode == 0 and "kube-apiserver             ready" in status.stdout
+    unknown = devcluster(tmp_path, "stop", "fiar-operatr")
+    assert unknown.returncode == 1 and "no component 'fiar-operatr'" in unknown.stderr
+    assert "kube-apiserver" in unknown.stderr
     down = devcluster(tmp_path, "down")
     assert down.returncode == 0 and "stopped" in down.stdout
     assert not any(_alive(p) for p in pids)
@@ -65,10 +68,36 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
         assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7] == "auto"
         pids = _pids(tmp_path)
         assert len(pids) >= 5 + 2 + 1  # plane, at least two agents, the operator
+        for name in ("fiar-operator", "agent-h200x2-host"):
+            _stop_and_start_again(tmp_path, name)
+        pids = _pids(tmp_path)
     finally:
         down = devcluster(tmp_path, "down")
     assert down.returncode == 0
     assert not any(_alive(p) for p in pids)
+
+
+def _component_pid(workdir: Path, name: str) -> int | None:
+    import json
+
+    pid = json.loads((workdir / "state.json").read_text())["components"][name]["pid"]
+    return None if pid is None else int(pid)
+
+
+def _stop_and_start_again(workdir: Path, name: str) -> None:
+    """The README's way to stop one demo component (to watch fail-open behaviour) and start it again."""
+    before = _component_pid(workdir, name)
+    assert before is not None and _alive(before)
+    stop = devcluster(workdir, "stop", name)
+    assert stop.returncode == 0 and f"{name} stopped" in stop.stdout, stop.stderr
+    assert not _alive(before) and _component_pid(workdir, name) is None
+    status = devcluster(workdir, "status")
+    assert status.returncode == 1 and any(line.split() == [name, "stopped"] for line in status.stdout.splitlines())
+    start = devcluster(workdir, "start", name)
+    assert start.returncode == 0 and f"{name} started" in start.stdout, start.stderr
+    after = _component_pid(workdir, name)
+    assert after is not None and after != before and _alive(after)
+    assert devcluster(workdir, "status").returncode == 0
 
 
 def test_up_refuses_to_wipe_a_folder_it_did_not_make(tmp_path: Path) -> None:

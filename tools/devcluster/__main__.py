@@ -4,6 +4,8 @@ python -m devcluster build            # compile the pinned binaries into the cac
 python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
 python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
 python -m devcluster status
+python -m devcluster stop NAME        # stop one component (e.g. fiar-operator, agent-<node>)
+python -m devcluster start NAME       # start it again, with the same arguments and ports
 python -m devcluster down             # stop every process it started
 """
 
@@ -85,9 +87,32 @@ def _status(args: argparse.Namespace) -> int:
     ok = True
     for name, healthy in plane.iter_status():
         ok &= healthy
-        print(f"{name:26s} {'ready' if healthy else 'NOT READY'}")
+        stopped = plane.components[name].pid is None
+        print(f"{name:26s} {'ready' if healthy else 'stopped' if stopped else 'NOT READY'}")
     print(f"KUBECONFIG={plane.kubeconfig}")
     return 0 if ok else 1
+
+
+def _component(args: argparse.Namespace) -> int:
+    """Stop or start one component of a running plane (the operator or an agent, say)."""
+    if not (args.dir / "state.json").exists():
+        raise ControlPlaneError(f"no control plane recorded in {args.dir}: run `make demo` or `make up` first")
+    plane = ControlPlane.attach(args.dir)
+    comp = plane.components.get(args.name)
+    if comp is None:
+        raise ControlPlaneError(f"no component {args.name!r}; components: {', '.join(plane.components)}")
+    if args.cmd == "stop":
+        if not comp.alive():
+            print(f"{args.name} is not running")
+        plane.stop_component(args.name)
+        print(f"{args.name} stopped; start it again with: python -m devcluster start {args.name}")
+        return 0
+    if comp.alive():
+        print(f"{args.name} is already running")
+        return 0
+    plane.start_component(args.name)
+    print(f"{args.name} started (log: {comp.log})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,12 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="start it and run fiar end to end on fake GPU nodes")
     sub.add_parser("down", help="stop it")
     sub.add_parser("status", help="show component health")
+    for verb in ("stop", "start"):
+        one = sub.add_parser(verb, help=f"{verb} one component (see status for the names)")
+        one.add_argument("name", help="component, e.g. fiar-operator or agent-<node>")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
             build.build_all()
             return 0
-        return {"up": _up, "demo": _demo, "down": _down, "status": _status}[args.cmd](args)
+        commands = {"up": _up, "demo": _demo, "down": _down, "status": _status}
+        return commands.get(args.cmd, _component)(args)
     except (build.BuildError, ControlPlaneError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

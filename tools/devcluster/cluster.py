@@ -248,6 +248,7 @@ class ControlPlane:
 
     def stop_component(self, name: str) -> None:
         self.components[name].stop()
+        self._write_state()
 
     def start_component(self, name: str, timeout: float = 120.0) -> None:
         comp = self.components[name]

@@ -248,4 +248,6 @@ def run(plane: ControlPlane) -> None:
         "POD:.metadata.name,NODE:.spec.nodeName,BACKEND:.metadata.annotations.fiar\\.io/backend"
     )
     print(f"{kubectl} annotate node <node> fiar.io/reprobe=now   # ask an agent for a new probe")
+    devcluster = f"PYTHONPATH=tools {sys.executable} -m devcluster --dir {plane.workdir}"
+    print(f"{devcluster} stop fiar-operator   # then start it again: ... start fiar-operator")
     print(f"logs: {plane.log_dir}    stop everything: make down")
