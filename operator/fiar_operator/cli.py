@@ -61,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="kopf peering priority of this replica (default: random, so that replicas differ)",
     )
     run.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
-    run.add_argument("--install-crd", action="store_true", help="create or update the CRD at start (local runs)")
+    run.add_argument(
+        "--install-crd",
+        action="store_true",
+        help="at start, create the FiAllreducePolicy CRD or bring it to this version (server-side apply)",
+    )
     run.add_argument(
         "--register-webhooks",
         metavar="URL",
@@ -123,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     runtime = Runtime(settings)
     registered: str | None = None
     if args.install_crd:
-        runtime.kube.apply(kube.CRDS, crd.definition())
+        crd.apply(runtime.kube)
     if args.register_webhooks:
         ca = args.webhook_ca or args.tls_cert
         if ca is None:

@@ -1,13 +1,23 @@
-"""The FiAllreducePolicy CRD, read from the one YAML file the chart and the tests share."""
+"""The FiAllreducePolicy CRD, read from the one YAML file the chart and the tests share.
+
+The chart ships this file in its ``crds/`` folder: Helm creates the CRD on a first install and never
+changes it afterwards. The operator keeps it at its own version (``run --install-crd``, which the
+chart passes under ``crds.manage``) with a server-side apply, so that upgrading the operator upgrades
+the schema, and no Helm release ever owns the CRD.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
-FILE = "fiallreducepolicies.yaml"
+from fiar_operator import kube
+from fiar_operator.errors import ApiError, ConfigurationError
+
+FILE: Final = "fiallreducepolicies.yaml"
+FIELD_MANAGER: Final = "fiar-operator"
 
 
 def text() -> str:
@@ -17,3 +27,17 @@ def text() -> str:
 def definition() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(text())
     return doc
+
+
+def apply(client: kube.Kube) -> dict[str, Any]:
+    """Create the CRD, or bring the stored one to this version's schema (server-side apply)."""
+    name = definition()["metadata"]["name"]
+    try:
+        return client.server_side_apply(kube.CRDS, definition(), FIELD_MANAGER)
+    except ApiError as exc:
+        if exc.status == 403:
+            raise ConfigurationError(
+                f"not allowed to apply the CRD {name} ({exc}): grant patch on customresourcedefinitions "
+                f"named {name} (the chart's crds.manage), or run without --install-crd"
+            ) from exc
+        raise

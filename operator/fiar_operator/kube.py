@@ -30,6 +30,7 @@ CRDS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 
 def configuration(kubeconfig: str | None = None) -> Any:
@@ -240,6 +241,16 @@ class Kube:
         body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
         replaced: dict[str, Any] = self.call("PUT", f"{collection}/{name}", body=body)
         return replaced
+
+    def server_side_apply(self, collection: str, obj: Mapping[str, Any], manager: str) -> dict[str, Any]:
+        """Server-side apply of a cluster-scoped object as field manager ``manager`` (created when
+        absent; fields other managers set are taken over, fields only others own are kept)."""
+        name = obj["metadata"]["name"]
+        query = {"fieldManager": manager, "force": "true"}
+        applied: dict[str, Any] = self.call(
+            "PATCH", f"{collection}/{name}", query, body=dict(obj), content_type=APPLY_PATCH
+        )
+        return applied
 
     def delete(self, collection: str, name: str) -> None:
         try:

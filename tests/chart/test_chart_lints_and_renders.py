@@ -35,6 +35,7 @@ CUSTOM_VALUES: dict[str, Any] = {
     "defaultPolicy.enabled": True,
     "grafanaDashboard.enabled": True,
     "crds.keep": False,
+    "crds.manage": False,
 }
 
 
@@ -96,16 +97,21 @@ def test_every_value_is_documented() -> None:
 
 def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_binaries: Any) -> None:
     kinds = by_kind(render(CHART, {}, namespace="fiar-system"))
-    crd_names = {c["metadata"]["name"] for c in kinds["CustomResourceDefinition"]}
-    assert f"{contract.PLURAL}.{contract.GROUP}" in crd_names
-    for crd in kinds["CustomResourceDefinition"]:
-        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # The FiAllreducePolicy CRD is in crds/, never a release object; kopf's peering CRD is kept.
+    (peering,) = kinds["CustomResourceDefinition"]
+    assert peering["metadata"]["name"] == "clusterkopfpeerings.kopf.dev"
+    assert peering["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
     deployment = kinds["Deployment"][0]
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "--install-crd" in pod["containers"][0]["args"]
+    crd_rule = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                "resourceNames": [f"{contract.PLURAL}.{contract.GROUP}"], "verbs": ["patch"]}
+    operator_role = next(r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "fiar-operator")
+    assert crd_rule in operator_role["rules"]
     sec = pod["containers"][0]["securityContext"]
     assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
     assert sec["capabilities"] == {"drop": ["ALL"]}
@@ -167,6 +173,10 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert kinds["FiAllreducePolicy"][0]["metadata"]["name"] == "default"
     assert "fiar.json" in next(c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard"))["data"]
     assert all("annotations" not in c["metadata"] for c in kinds["CustomResourceDefinition"])
+    assert "--install-crd" not in kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    operator_role = next(r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "gpu-fiar-operator")
+    crd_rules = [r for r in operator_role["rules"] if "customresourcedefinitions" in r["resources"]]
+    assert all("patch" not in r["verbs"] for r in crd_rules)
 
 
 def test_a_single_replica_gets_no_disruption_budget_that_would_block_drains(controlplane_binaries: Any) -> None:
@@ -187,6 +197,5 @@ def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(controlplan
 
 def test_the_crd_is_the_operator_packages_crd(controlplane_binaries: Any) -> None:
     packaged = yaml.safe_load((ROOT / "operator" / "fiar_operator" / "crds" / "fiallreducepolicies.yaml").read_text())
-    rendered = next(c for c in by_kind(render(CHART))["CustomResourceDefinition"]
-                    if c["metadata"]["name"] == packaged["metadata"]["name"])
-    assert rendered["spec"] == packaged["spec"]
+    shipped = [d for d in yaml.safe_load_all(helm("show", "crds", str(CHART)).stdout) if d]
+    assert shipped == [packaged]

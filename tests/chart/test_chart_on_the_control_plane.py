@@ -52,7 +52,8 @@ def test_rendered_manifests_pass_strict_server_side_validation(
     chart_plane: ControlPlane, values: dict[str, Any], tmp_path: Path, unique: str
 ) -> None:
     ns = chart_plane.create_namespace(f"render-{unique}")
-    docs = [d for d in render(CHART, values, namespace=ns, release=f"r{unique}") if d["kind"] not in FOREIGN_KINDS]
+    docs = [d for d in render(CHART, values, namespace=ns, release=f"r{unique}", include_crds=True)
+            if d["kind"] not in FOREIGN_KINDS]
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
     # CRDs are created for real first so that custom resources in the release validate against them.
@@ -229,8 +230,8 @@ def test_fresh_install_with_a_default_policy_beside_another_tools_peering_crd(pr
     """The default policy is created once its CRD is served, and kopf's peering CRD, when another
     tool installed it already, is left to that tool instead of failing the install."""
     plane = private_plane(Tier.A)
-    foreign = render(CHART, {"crds.enabled": False})
-    peering = next(d for d in foreign if d["kind"] == "CustomResourceDefinition")
+    peering = next(d for d in render(CHART) if d["kind"] == "CustomResourceDefinition")
+    assert peering["metadata"]["name"] == "clusterkopfpeerings.kopf.dev"
     peering["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "another-operator"}
     kubectl(plane.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(peering))
     helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",

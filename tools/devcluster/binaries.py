@@ -51,9 +51,14 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
 
 
 def render(
-    chart: Path, values: Mapping[str, Any] | None = None, namespace: str = "fiar-system", release: str = "fiar"
+    chart: Path,
+    values: Mapping[str, Any] | None = None,
+    namespace: str = "fiar-system",
+    release: str = "fiar",
+    include_crds: bool = False,
 ) -> list[dict[str, Any]]:
-    """``helm template`` for the pinned Kubernetes version, parsed into documents."""
+    """``helm template`` for the pinned Kubernetes version, parsed into documents (with the chart's
+    crds/ folder first when ``include_crds``)."""
     proc = helm(
         "template",
         release,
@@ -62,6 +67,7 @@ def render(
         namespace,
         "--kube-version",
         kubernetes_version(),
+        *(["--include-crds"] if include_crds else []),
         *set_args(values or {}),
     )
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
