@@ -35,9 +35,19 @@ def apply(client: kube.Kube) -> dict[str, Any]:
     try:
         return client.server_side_apply(kube.CRDS, definition(), FIELD_MANAGER)
     except ApiError as exc:
-        if exc.status == 403:
-            raise ConfigurationError(
-                f"not allowed to apply the CRD {name} ({exc}): grant patch on customresourcedefinitions "
-                f"named {name} (the chart's crds.manage), or run without --install-crd"
-            ) from exc
-        raise
+        if exc.status != 403:
+            raise
+        # The chart grants patch on this one CRD, which cannot create it (creating needs a
+        # cluster-wide create on every CRD, which the operator is not given).
+        try:
+            client.call("GET", f"{kube.CRDS}/{name}")
+        except ApiError as missing:
+            if missing.status == 404:
+                raise ConfigurationError(
+                    f"the CRD {name} is not installed and this account may not create it: install it first "
+                    "(helm install without --skip-crds, or: fiar-operator crd | kubectl apply --server-side -f -)"
+                ) from exc
+        raise ConfigurationError(
+            f"not allowed to update the CRD {name} ({exc}): grant patch on customresourcedefinitions named "
+            f"{name} (the chart's crds.manage), or run without --install-crd"
+        ) from exc

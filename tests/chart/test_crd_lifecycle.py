@@ -21,6 +21,7 @@ from devcluster.binaries import helm
 from devcluster.cluster import Component, ControlPlane, Tier, free_port
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube
+from fiar_operator.errors import ApiError, ConfigurationError
 
 pytestmark = pytest.mark.controlplane
 
@@ -46,8 +47,6 @@ def test_install_under_another_release_name_after_uninstall_keeps_the_policies(p
     helm("install", "gpu-ai", str(CHART), "--namespace", "ai-infra", "--create-namespace",
          kubeconfig=plane.kubeconfig)
     wait_for(lambda: _established(client), 30, "CRD Established")
-    annotations = client.call("GET", f"{kube.CRDS}/{CRD_NAME}")["metadata"].get("annotations") or {}
-    assert "meta.helm.sh/release-name" not in annotations, "no release may own the CRD"
     policy = {"apiVersion": f"{contract.GROUP}/{contract.VERSION}", "kind": contract.KIND,
               "metadata": {"name": "keep-me"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}}
     client.call("POST", kube.POLICIES, body=policy)
@@ -57,6 +56,8 @@ def test_install_under_another_release_name_after_uninstall_keeps_the_policies(p
     helm("install", "fiar", str(CHART), "--namespace", "fiar-system", "--create-namespace",
          kubeconfig=plane.kubeconfig)
     assert client.call("GET", f"{kube.POLICIES}/keep-me")["spec"]["backends"] == ["mnnvl", "trtllm"]
+    annotations = client.call("GET", f"{kube.CRDS}/{CRD_NAME}")["metadata"].get("annotations") or {}
+    assert "meta.helm.sh/release-name" not in annotations, "no release owns the CRD"
     helm("uninstall", "fiar", "--namespace", "fiar-system", "--wait", kubeconfig=plane.kubeconfig)
     assert client.call("GET", f"{kube.POLICIES}/keep-me")
 
@@ -106,3 +107,22 @@ def test_helm_upgrade_brings_the_crd_to_the_new_operators_schema(private_plane: 
         operator.stop()
     stored = client.call("GET", f"{kube.CRDS}/{CRD_NAME}")
     assert _spec_properties(stored) == _spec_properties(crd.definition())
+
+
+def test_operator_account_may_update_but_not_create_the_crd(private_plane: Any, tmp_path: Path) -> None:
+    """Patch on one CRD name is all the chart grants: without the CRD (``--skip-crds``) the operator
+    stops with a message saying how to install it, and it may touch no other CRD."""
+    plane: ControlPlane = private_plane(Tier.A)
+    helm("install", "fiar", str(CHART), "--namespace", "fiar-system", "--create-namespace", "--skip-crds",
+         kubeconfig=plane.kubeconfig)
+    kubeconfig = plane.write_kubeconfig(tmp_path / "operator.kubeconfig", "fiar-operator",
+                                        token=plane.service_account_token("fiar-system", "fiar-operator"))
+    operator = kube.Kube(kube.configuration(str(kubeconfig)))
+    with pytest.raises(ConfigurationError, match="is not installed and this account may not create it"):
+        crd.apply(operator)
+    kube.Kube(plane.api_client()).server_side_apply(kube.CRDS, crd.definition(), "admin")
+    assert crd.apply(operator)["metadata"]["name"] == CRD_NAME
+    other = {**crd.definition(), "metadata": {"name": "others.fiar.io"}}
+    with pytest.raises(ApiError) as denied:
+        operator.server_side_apply(kube.CRDS, other, crd.FIELD_MANAGER)
+    assert denied.value.status == 403
