@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-seconds",
         type=int,
         default=webhookconfig.TIMEOUT_SECONDS,
-        help="API-server timeout of each webhook call, 1 to %(default)s (default: %(default)s)",
+        help=f"API-server timeout of each webhook call, 1 to {webhookconfig.MAX_TIMEOUT_SECONDS} s "
+        "(default: %(default)s)",
     )
     return parser
 
