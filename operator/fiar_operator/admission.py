@@ -232,14 +232,7 @@ class Admission:
             trigger="binding",
             time=self.clock(),
         )
-        ops = patches.set_map_entries(
-            binding,
-            ("metadata", "annotations"),
-            {
-                contract.ANNOTATION_POD_BACKEND: decision.backend,
-                contract.ANNOTATION_POD_DECISION: decision.to_json(),
-            },
-        )
+        ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())
         self.metrics.decision(decision)
         self.metrics.admission("binding", "mutated")
         return respond(review, ops)

@@ -25,7 +25,7 @@ from fiar_operator import decide
 from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.policy import Policy, select_policy
 
-MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique"})
+MULTI_NODE_REASONS: Final = frozenset({"MultiNodeNeedsMnnvl", "MultiNodeNoSharedClique", "MultiNodeNoImexChannel"})
 UNCONFIGURED_EXAMPLES: Final = 3
 """Unconfigured pods named in the UnconfiguredPods condition message."""
 
@@ -56,6 +56,24 @@ def _group_consistent(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[
     return len(cliques) <= 1
 
 
+def _values(record: PodRecord, decision: decide.Decision | None = None) -> tuple[str | None, ...]:
+    """The annotation values the pod's containers read: from ``decision``, or as the pod has them now.
+
+    The backend always counts (a pod admitted before fiar controlled the fusion reads only that one)."""
+    wanted = decision.annotations() if decision is not None else None
+    current = {
+        contract.ANNOTATION_POD_BACKEND: record.backend,
+        contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: record.fuse,
+        contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: record.use_flashinfer,
+    }
+    keys = [contract.ANNOTATION_POD_BACKEND, *sorted(k for k in current if k in record.reads)]
+    return tuple((wanted or current).get(k) for k in dict.fromkeys(keys))
+
+
+def _fusion_of(record: PodRecord) -> str:
+    return "off" if record.fuse == contract.FUSE_ALLREDUCE_RMS["off"] else "on"
+
+
 def review_pod(
     record: PodRecord,
     policy: Policy,
@@ -70,12 +88,13 @@ def review_pod(
     labels = nodes.get(record.node)
     fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
     if group.multi and fresh.backend == "mnnvl" and not _group_consistent(members, nodes):
-        fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique")
+        fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique", fusion="off")
     current = record.backend
+    fresh = replace(fresh, previous=current, previous_fusion=_fusion_of(record))
+    same = _values(record, fresh) == _values(record)
     if _missed(record):
-        fresh = replace(fresh, previous=current)
         missed = "bound while the binding webhook was unavailable"
-        if fresh.backend == current:
+        if same:
             return Reannotation(
                 record, fresh, "Normal", "DecidedAfterBinding", f"{missed}; {current} confirmed on node {record.node}"
             )
@@ -84,24 +103,38 @@ def review_pod(
             fresh,
             "Warning",
             "DecidedAfterBinding",
-            f"{missed}: containers started with {current}; node {record.node} gives "
-            f"{fresh.backend} ({fresh.reason}), effective at the next container start",
+            f"{missed}: containers started with {_describe(record)}; node {record.node} gives "
+            f"{_describe_decision(fresh)} ({fresh.reason}), effective at the next container start",
         )
-    if fresh.backend == current:
+    if same:
         return None
     facts = decide.node_facts(record.node, labels) if labels is not None else None
-    still_verified = facts is not None and current in decide.verified_for(policy, facts) and not group.multi
+    still_verified = (
+        facts is not None
+        and current in decide.verified_for(policy, facts)
+        and not group.multi
+        and _values(record, replace(fresh, backend=current, fusion="on")) == _values(record)
+    )
     if still_verified:
         return None
     verdict = facts.verdict if facts and facts.verdict else "unprobed"
     return Reannotation(
         record,
-        replace(fresh, previous=current),
+        fresh,
         "Warning",
         "NodeVerdictChanged",
-        f"node {record.node} verdict is now {verdict}: backend {current} -> {fresh.backend} "
+        f"node {record.node} verdict is now {verdict}: {_describe(record)} -> {_describe_decision(fresh)} "
         f"({fresh.reason}), effective at the next container start",
     )
+
+
+def _describe(record: PodRecord) -> str:
+    fusion = f", fusion {_fusion_of(record)}" if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads else ""
+    return f"backend {record.backend}{fusion}"
+
+
+def _describe_decision(decision: decide.Decision) -> str:
+    return f"backend {decision.backend}, fusion {decision.fusion}"
 
 
 def is_stale(record: PodRecord) -> bool:
@@ -109,7 +142,7 @@ def is_stale(record: PodRecord) -> bool:
     doc = record.decision
     if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
         return False
-    if doc.get("previous") == doc.get("backend"):
+    if doc.get("previous") == doc.get("backend") and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion"):
         return False
     # Both times have one-second resolution; a start in the same second as the change counts as
     # before it, so a pod is never reported current while it may still run the old value.
@@ -124,9 +157,37 @@ def multi_node_warning(record: PodRecord) -> str | None:
         return None
     if doc["reason"] == "MultiNodeNeedsMnnvl":
         why = "the policy does not allow mnnvl and trtllm is invalid across pods"
+    elif doc["reason"] == "MultiNodeNoImexChannel":
+        why = (
+            "its pods carry no IMEX channel claim (a ComputeDomain channel, device class "
+            f"{contract.IMEX_CHANNEL_DEVICE_CLASS}), which mnnvl across pods needs"
+        )
     else:
         why = "not every node the group may use verifies mnnvl in one NVLink clique"
-    return f"multi-pod group {doc.get('group') or ''}: {why}; it runs with {doc.get('backend')}".replace("  ", " ")
+    runs = f"{doc.get('backend')}, fusion {doc.get('fusion', 'on')}"
+    return f"multi-pod group {doc.get('group') or ''}: {why}; it runs with {runs}".replace("  ", " ")
+
+
+def uncontrolled_containers(record: PodRecord, policy: Policy) -> list[str]:
+    """The containers of a managed pod whose fusion the policy should control but fiar cannot: their
+    command is not one it understands (see ``commands``)."""
+    if policy.fusion_control != "Enabled" or policy.mode != "Enforce" or record.policy != policy.name:
+        return []
+    explicit = {name for name, own in record.containers if own and policy.respect_explicit_env}
+    return [
+        name
+        for name in record.uncontrolled
+        if name not in explicit and any(fnmatchcase(name, glob) for glob in policy.containers)
+    ]
+
+
+def uncontrolled_message(record: PodRecord, names: Sequence[str]) -> str:
+    return (
+        f"fiar cannot switch vLLM's FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
+        f"is not one it understands, so it is left as it is; on nodes without a verified backend they run with "
+        f"{contract.ENV_VAR}={record.backend} only. Use exec form 'vllm serve ...' or put "
+        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command"
+    )
 
 
 # -- pods the pod webhook never saw ----------------------------------------------------------------
@@ -220,15 +281,27 @@ def policy_status(
         counts[facts.verdict or "unprobed"] += 1
         if decide.verified_for(policy, facts):
             counts["verified"] += 1
-    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0, "unconfigured": len(unconfigured)}
+    outcome = {
+        "decided": 0,
+        "fallback": 0,
+        "pending": 0,
+        "stale": 0,
+        "unconfigured": len(unconfigured),
+        "fusionOff": 0,
+        "fusionUncontrolled": 0,
+    }
     for pod in pods:
         if not pod.active or pod.policy != policy.name:
             continue
+        if uncontrolled_containers(pod, policy):
+            outcome["fusionUncontrolled"] += 1
         if pod.node is None:
             outcome["pending"] += 1
             continue
         reason = (pod.decision or {}).get("reason")
         outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
+        if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off":
+            outcome["fusionOff"] += 1
         if is_stale(pod):
             outcome["stale"] += 1
     old_conditions = list((previous or {}).get("conditions") or [])
