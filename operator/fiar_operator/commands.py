@@ -296,3 +296,48 @@ def _additional(
     new_command, new_args = (None, None) if tokens == argv[start:] else _split(argv[:start] + tokens, command, args)
     value = (f"{extra} {REF_ARGS}".strip() if extra else REF_ARGS) if append else None
     return CommandPlan("additional-args", command=new_command, args=new_args, additional_args=value)
+
+
+# -- what the kubelet makes of it ---------------------------------------------------------------------
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """``$(VAR)`` expansion as the kubelet does it in env values, command and args
+    (k8s.io/kubernetes third_party/forked/golang/expansion): a defined variable is replaced, an undefined
+    reference is kept as written, ``$$`` gives ``$``."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            following = text[i + 1]
+            if following == "$":
+                out.append("$")
+                i += 2
+                continue
+            if following == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    out.append(env[name] if name in env else text[i : end + 1])
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def container_process(pod: Mapping[str, Any], container: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """(argv after expansion, environment) of ``container`` as the kubelet starts it: env entries in order,
+    a fieldRef to an annotation the pod lacks gives "", a value expands the variables defined before it;
+    command and args expand against the whole environment. (The image's entrypoint, for args only, is
+    not part of argv.)"""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        name = str(entry["name"])
+        path = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if path is not None:
+            key = str(path).removeprefix("metadata.annotations['").removesuffix("']")
+            env[name] = str(annotations.get(key, ""))
+        else:
+            env[name] = expand(str(entry.get("value") or ""), env)
+    argv = [expand(str(t), env) for t in (container.get("command") or []) + (container.get("args") or [])]
+    return argv, env

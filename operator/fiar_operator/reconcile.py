@@ -103,8 +103,8 @@ def review_pod(
             fresh,
             "Warning",
             "DecidedAfterBinding",
-            f"{missed}: containers started with {_describe(record)}; node {record.node} gives "
-            f"{_describe_decision(fresh)} ({fresh.reason}), effective at the next container start",
+            f"{missed}: {_change(record, fresh)} on node {record.node} ({fresh.reason}), "
+            "effective at the next container start",
         )
     if same:
         return None
@@ -123,18 +123,17 @@ def review_pod(
         fresh,
         "Warning",
         "NodeVerdictChanged",
-        f"node {record.node} verdict is now {verdict}: {_describe(record)} -> {_describe_decision(fresh)} "
-        f"({fresh.reason}), effective at the next container start",
+        f"node {record.node} verdict is now {verdict}: {_change(record, fresh)} ({fresh.reason}), "
+        "effective at the next container start",
     )
 
 
-def _describe(record: PodRecord) -> str:
-    fusion = f", fusion {_fusion_of(record)}" if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads else ""
-    return f"backend {record.backend}{fusion}"
-
-
-def _describe_decision(decision: decide.Decision) -> str:
-    return f"backend {decision.backend}, fusion {decision.fusion}"
+def _change(record: PodRecord, decision: decide.Decision) -> str:
+    """``backend A -> B`` (and ``fusion on -> off`` for a pod whose command reads the fusion)."""
+    text = f"backend {record.backend} -> {decision.backend}"
+    if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads:
+        text += f", fusion {_fusion_of(record)} -> {decision.fusion}"
+    return text
 
 
 def is_stale(record: PodRecord) -> bool:
