@@ -238,6 +238,8 @@ def plan_pod_create(
         warnings.append(f"multi-pod group: trtllm is invalid across pods; it gets {policy.fallback}")
     elif group.multi and policy.placement == "Anywhere" and policy.mode == "Enforce":
         warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
+    if group.multi and "mnnvl" in policy.backends and not group.imex and policy.mode == "Enforce":
+        warnings.append("multi-pod group without an IMEX channel claim: no mnnvl, fusion off (see imexChannelClaims)")
     ops += _placement_ops(policy, pod, group.multi, warnings)
     ops += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
     after = patches.apply(copy.deepcopy(dict(pod)), ops)

@@ -325,3 +325,15 @@ def test_kubelet_expansion_rules() -> None:
     env = {"A": "x", "EMPTY": ""}
     assert expand("$(A)-$(EMPTY)-$(MISSING)-$$(A)-$(A", env) == "x--$(MISSING)-$(A)-$(A"
     assert DOTTED_FLAG == "-cc.pass_config.fuse_allreduce_rms=$(FIAR_FUSE_ALLREDUCE_RMS)"
+
+
+def test_a_multi_pod_group_without_an_imex_channel_claim_is_warned_at_create() -> None:
+    source = pod(FORMS["production-stack"])
+    source["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/group-key": "g"}
+    source["metadata"]["annotations"] = {"leaderworkerset.sigs.k8s.io/size": "2"}
+    _out, warnings = mutated(source)
+    assert any("IMEX channel claim" in w for w in warnings)
+    source["spec"]["resourceClaims"] = [{"name": "mnnvl-claim", "resourceClaimTemplateName": "cd-0"}]
+    source["spec"]["containers"][0]["resources"] = {"claims": [{"name": "mnnvl-claim"}]}
+    _out, warnings = mutated(source)
+    assert not any("IMEX channel claim" in w for w in warnings)
