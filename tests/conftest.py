@@ -54,7 +54,9 @@ def plane_c(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.Tem
 
 
 @pytest.fixture
-def private_plane(controlplane_binaries: dict[str, Path], tmp_path: Path) -> Iterator[Callable[[Tier], ControlPlane]]:
+def private_plane(
+    controlplane_binaries: dict[str, Path], tmp_path: Path
+) -> Iterator[Callable[[Tier], ControlPlane]]:
     """A factory for planes owned by one test (for tests that stop or restart components)."""
     planes: list[ControlPlane] = []
 

@@ -187,9 +187,6 @@ def test_cert_manager_mode_issues_the_certificate_and_injects_its_ca(controlplan
 
 def test_the_crd_is_the_operator_packages_crd(controlplane_binaries: Any) -> None:
     packaged = yaml.safe_load((ROOT / "operator" / "fiar_operator" / "crds" / "fiallreducepolicies.yaml").read_text())
-    rendered = next(
-        c
-        for c in by_kind(render(CHART))["CustomResourceDefinition"]
-        if c["metadata"]["name"] == packaged["metadata"]["name"]
-    )
+    rendered = next(c for c in by_kind(render(CHART))["CustomResourceDefinition"]
+                    if c["metadata"]["name"] == packaged["metadata"]["name"])
     assert rendered["spec"] == packaged["spec"]

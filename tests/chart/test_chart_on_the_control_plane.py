@@ -44,21 +44,10 @@ def _crd_established(api: Any, name: str) -> bool:
     return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
 
 
-@pytest.mark.parametrize(
-    "values",
-    [
-        {},
-        {
-            "defaultPolicy.enabled": True,
-            "fullnameOverride": "gpu-fiar",
-            "tls.certManager.enabled": False,
-            "agent.runtimeClassName": "nvidia",
-            "operator.replicas": 3,
-            "grafanaDashboard.enabled": True,
-        },
-    ],
-    ids=["default", "custom"],
-)
+@pytest.mark.parametrize("values", [{}, {"defaultPolicy.enabled": True, "fullnameOverride": "gpu-fiar",
+                                         "tls.certManager.enabled": False, "agent.runtimeClassName": "nvidia",
+                                         "operator.replicas": 3, "grafanaDashboard.enabled": True}],
+                         ids=["default", "custom"])
 def test_rendered_manifests_pass_strict_server_side_validation(
     chart_plane: ControlPlane, values: dict[str, Any], tmp_path: Path, unique: str
 ) -> None:
@@ -67,22 +56,14 @@ def test_rendered_manifests_pass_strict_server_side_validation(
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
     # CRDs are created for real first so that custom resources in the release validate against them.
-    kubectl(
-        chart_plane.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(crds)
-    )
+    kubectl(chart_plane.kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
+            stdin=yaml.safe_dump_all(crds))
     with chart_plane.api_client() as api:
         for crd in crds:
             wait_for(lambda name=crd["metadata"]["name"]: _crd_established(api, name), what="CRD Established")
     try:
-        proc = kubectl(
-            chart_plane.kubeconfig,
-            "apply",
-            "--dry-run=server",
-            "--validate=strict",
-            "-f",
-            "-",
-            stdin=yaml.safe_dump_all(rest),
-        )
+        proc = kubectl(chart_plane.kubeconfig, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                       stdin=yaml.safe_dump_all(rest))
     finally:
         # Leave the CRDs to the chart install that comes next (Helm adopts nothing it did not create).
         kubectl(chart_plane.kubeconfig, "delete", "--wait", "-f", "-", stdin=yaml.safe_dump_all(crds))
@@ -91,17 +72,8 @@ def test_rendered_manifests_pass_strict_server_side_validation(
 
 
 def _install(plane: ControlPlane, *extra: str) -> None:
-    helm(
-        "upgrade",
-        "--install",
-        "fiar",
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        *extra,
-        kubeconfig=plane.kubeconfig,
-    )
+    helm("upgrade", "--install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+         *extra, kubeconfig=plane.kubeconfig)
 
 
 def test_install_upgrade_and_uninstall(chart_plane: ControlPlane) -> None:
@@ -130,17 +102,9 @@ def test_install_upgrade_and_uninstall(chart_plane: ControlPlane) -> None:
         assert base64.b64decode(ca_bundle) == base64.b64decode(secret["ca.crt"])
 
         # A policy exists when the chart is removed: the CRD (and so the policy) is kept.
-        objs.create_cluster_custom_object(
-            contract.GROUP,
-            contract.VERSION,
-            contract.PLURAL,
-            {
-                "apiVersion": f"{contract.GROUP}/{contract.VERSION}",
-                "kind": contract.KIND,
-                "metadata": {"name": "keep-me"},
-                "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}},
-            },
-        )
+        objs.create_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, {
+            "apiVersion": f"{contract.GROUP}/{contract.VERSION}", "kind": contract.KIND,
+            "metadata": {"name": "keep-me"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}})
         helm("uninstall", "fiar", "--namespace", NAMESPACE, "--wait", kubeconfig=chart_plane.kubeconfig)
         with pytest.raises(ApiException) as gone:
             apps.read_namespaced_deployment("fiar-operator", NAMESPACE)
@@ -177,9 +141,8 @@ def _agent_pod_on(plane: ControlPlane, node: str) -> client.V1Pod:
         core = client.CoreV1Api(api)
 
         def pod() -> Any:
-            pods = core.list_namespaced_pod(
-                NAMESPACE, label_selector="app.kubernetes.io/component=agent", field_selector=f"spec.nodeName={node}"
-            ).items
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=agent",
+                                            field_selector=f"spec.nodeName={node}").items
             return pods[0] if pods else None
 
         return wait_for(pod, 60, f"the DaemonSet's agent pod on {node}")
@@ -234,7 +197,6 @@ def test_an_agent_token_not_bound_to_a_pod_changes_no_node(
     node = f"gpu-c-{unique}"
     installed.add_node(node)
     with identity_client(installed, tmp_path, "agent-unbound", token_for(installed, "fiar-agent")) as agent:
-
         def refused() -> bool:
             try:
                 _patch_labels(agent, node, {contract.LABEL_BACKEND: "none"}, dry_run=True)
@@ -249,10 +211,8 @@ def test_operator_account_reads_pods_but_no_secret(installed: ControlPlane, tmp_
     with identity_client(installed, tmp_path, "operator", token_for(installed, "fiar-operator")) as operator:
         core = client.CoreV1Api(operator)
         assert core.list_pod_for_all_namespaces(limit=1) is not None
-        for call in (
-            lambda: core.read_namespaced_secret("fiar-webhook-tls", NAMESPACE),
-            lambda: core.list_secret_for_all_namespaces(limit=1),
-        ):
+        for call in (lambda: core.read_namespaced_secret("fiar-webhook-tls", NAMESPACE),
+                     lambda: core.list_secret_for_all_namespaces(limit=1)):
             with pytest.raises(ApiException) as denied:
                 call()
             assert denied.value.status == 403
@@ -260,8 +220,7 @@ def test_operator_account_reads_pods_but_no_secret(installed: ControlPlane, tmp_
             core.patch_node("any", {"metadata": {"labels": {contract.LABEL_BACKEND: "mnnvl"}}})
         assert nodes.value.status == 403
         review = client.AuthorizationV1Api(operator).create_self_subject_rules_review(
-            {"spec": {"namespace": NAMESPACE}}
-        )
+            {"spec": {"namespace": NAMESPACE}})
         rules = json.dumps(review.status.to_dict()["resource_rules"])
         assert "secrets" not in rules and "eviction" not in rules
 
@@ -274,21 +233,11 @@ def test_fresh_install_with_a_default_policy_beside_another_tools_peering_crd(pr
     peering = next(d for d in foreign if d["kind"] == "CustomResourceDefinition")
     peering["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "another-operator"}
     kubectl(plane.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(peering))
-    helm(
-        "install",
-        "fiar",
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--set",
-        "defaultPolicy.enabled=true",
-        kubeconfig=plane.kubeconfig,
-    )
+    helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+         "--set", "defaultPolicy.enabled=true", kubeconfig=plane.kubeconfig)
     with plane.api_client() as api:
         policy = client.CustomObjectsApi(api).get_cluster_custom_object(
-            contract.GROUP, contract.VERSION, contract.PLURAL, "default"
-        )
+            contract.GROUP, contract.VERSION, contract.PLURAL, "default")
         assert policy["spec"]["backends"] == ["mnnvl", "trtllm"]
         crd = client.ApiextensionsV1Api(api).read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
         assert crd.metadata.labels == {"app.kubernetes.io/managed-by": "another-operator"}

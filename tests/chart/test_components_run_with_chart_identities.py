@@ -37,7 +37,8 @@ def plane(controlplane_binaries: Any, tmp_path_factory: pytest.TempPathFactory) 
     plane = ControlPlane(tmp_path_factory.mktemp("identities-plane"), Tier.C)
     plane.start()
     try:
-        helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace", kubeconfig=plane.kubeconfig)
+        helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+             kubeconfig=plane.kubeconfig)
         yield plane
     finally:
         plane.stop()
@@ -47,73 +48,34 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
     plane: ControlPlane, tmp_path: Path
 ) -> None:
     node = "h200-node-0"
-    plane.add_node(
-        node,
-        labels={"nvidia.com/gpu.present": "true"},
-        capacity={"nvidia.com/gpu": "2"},
-        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    )
+    plane.add_node(node, labels={"nvidia.com/gpu.present": "true"}, capacity={"nvidia.com/gpu": "2"},
+                   taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     with plane.api_client() as api:
         core = client.CoreV1Api(api)
 
         def agent_pod() -> Any:
-            pods = core.list_namespaced_pod(
-                NAMESPACE, label_selector="app.kubernetes.io/component=agent", field_selector=f"spec.nodeName={node}"
-            ).items
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=agent",
+                                            field_selector=f"spec.nodeName={node}").items
             return pods[0] if pods else None
 
         pod = wait_for(agent_pod, what="the chart's DaemonSet placing an agent pod on the GPU node")
 
-    agent_kubeconfig = plane.write_kubeconfig(
-        tmp_path / "agent.kubeconfig", "fiar-agent", token=plane.service_account_token(NAMESPACE, "fiar-agent", pod)
-    )
-    operator_kubeconfig = plane.write_kubeconfig(
-        tmp_path / "operator.kubeconfig", "fiar-operator", token=plane.service_account_token(NAMESPACE, "fiar-operator")
-    )
+    agent_kubeconfig = plane.write_kubeconfig(tmp_path / "agent.kubeconfig", "fiar-agent",
+                                              token=plane.service_account_token(NAMESPACE, "fiar-agent", pod))
+    operator_kubeconfig = plane.write_kubeconfig(tmp_path / "operator.kubeconfig", "fiar-operator",
+                                                 token=plane.service_account_token(NAMESPACE, "fiar-operator"))
     assert plane.ca is not None
     cert, key = plane.ca.issue("fiar-operator", hosts=("127.0.0.1",)).write(tmp_path, "serving")
     webhook_port, metrics_port, agent_port = free_port(), free_port(), free_port()
 
-    agent = Component(
-        "agent",
-        [
-            str(BIN / "fiar-agent"),
-            "run",
-            "--simulate",
-            "h200x2-host",
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(agent_kubeconfig),
-            "--metrics-addr",
-            f"127.0.0.1:{agent_port}",
-        ],
-        tmp_path / "agent.log",
-        f"http://127.0.0.1:{agent_port}/healthz",
-    )
-    operator = Component(
-        "operator",
-        [
-            str(BIN / "fiar-operator"),
-            "run",
-            "--kubeconfig",
-            str(operator_kubeconfig),
-            "--webhook-host",
-            "127.0.0.1",
-            "--webhook-port",
-            str(webhook_port),
-            "--tls-cert",
-            str(cert),
-            "--tls-key",
-            str(key),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        tmp_path / "operator.log",
-        f"http://127.0.0.1:{metrics_port}/readyz",
-    )
+    agent = Component("agent", [str(BIN / "fiar-agent"), "run", "--simulate", "h200x2-host", "--node-name", node,
+                                "--kubeconfig", str(agent_kubeconfig), "--metrics-addr", f"127.0.0.1:{agent_port}"],
+                      tmp_path / "agent.log", f"http://127.0.0.1:{agent_port}/healthz")
+    operator = Component("operator", [str(BIN / "fiar-operator"), "run", "--kubeconfig", str(operator_kubeconfig),
+                                      "--webhook-host", "127.0.0.1", "--webhook-port", str(webhook_port),
+                                      "--tls-cert", str(cert), "--tls-key", str(key),
+                                      "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
+                         tmp_path / "operator.log", f"http://127.0.0.1:{metrics_port}/readyz")
     try:
         agent.start()
         operator.start()
@@ -134,11 +96,8 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
 
             # An admin asks for a new probe; the agent may clear the request (a fiar.io/ annotation).
             core.patch_node(node, {"metadata": {"annotations": {contract.ANNOTATION_REPROBE: "now"}}})
-            wait_for(
-                lambda: contract.ANNOTATION_REPROBE not in (core.read_node(node).metadata.annotations or {}),
-                60,
-                "the agent clearing fiar.io/reprobe",
-            )
+            wait_for(lambda: contract.ANNOTATION_REPROBE not in (core.read_node(node).metadata.annotations or {}),
+                     60, "the agent clearing fiar.io/reprobe")
 
             # 2. The operator, as the chart's operator account, serves the chart's webhooks.
             operator.wait_ready(60)
@@ -151,30 +110,15 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
             admission.replace_mutating_webhook_configuration("fiar", config)
 
             policies = client.CustomObjectsApi(api)
-            policies.create_cluster_custom_object(
-                contract.GROUP,
-                contract.VERSION,
-                contract.PLURAL,
-                {
-                    "apiVersion": f"{contract.GROUP}/{contract.VERSION}",
-                    "kind": contract.KIND,
-                    "metadata": {"name": "vllm"},
-                    "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}},
-                },
-            )
+            policies.create_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, {
+                "apiVersion": f"{contract.GROUP}/{contract.VERSION}", "kind": contract.KIND,
+                "metadata": {"name": "vllm"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}})
             ns = plane.create_namespace("inference")
-            vllm = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "vllm-tp2", "labels": {"app": "vllm"}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-                    "containers": [
-                        {"name": "vllm", "image": "vllm/vllm-openai", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
-                    ],
-                },
-            }
+            vllm = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-tp2", "labels": {"app": "vllm"}},
+                    "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                             "containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+                                             "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
 
             def webhook_active() -> bool:
                 probe = core.create_namespaced_pod(ns, vllm, dry_run="All")

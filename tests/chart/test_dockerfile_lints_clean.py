@@ -18,11 +18,8 @@ def _hadolint() -> str:
 
 
 def test_dockerfile_passes_hadolint() -> None:
-    proc = subprocess.run(
-        [_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / "Dockerfile")],
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run([_hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / "Dockerfile")],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -31,6 +31,8 @@ from fiar_operator.errors import ApiError
 SESSION_LABEL = "fiar-operator-test"
 
 
+
+
 class Operator:
     """A ``fiar-operator run`` process serving webhooks on 127.0.0.1."""
 

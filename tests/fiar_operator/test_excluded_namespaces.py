@@ -73,10 +73,7 @@ def test_excluded_namespaces_are_kube_system_and_the_release_namespace() -> None
 
 def test_namespaces_the_chart_excludes_are_excluded_too() -> None:
     assert excluded_namespaces({"POD_NAMESPACE": RELEASE}, extra=["batch", " ", RELEASE]) == (
-        "kube-system",
-        RELEASE,
-        "batch",
-    )
+        "kube-system", RELEASE, "batch")
 
 
 @pytest.mark.parametrize("namespace", ["kube-system", RELEASE, "ignored"])

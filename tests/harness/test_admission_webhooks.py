@@ -29,18 +29,10 @@ def _annotate_on_create(request: Review) -> list[dict[str, Any]]:
     if not pod["metadata"].get("annotations"):
         patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
     patch.append({"op": "add", "path": "/metadata/annotations/fiar.test~1backend", "value": "auto"})
-    patch.append(
-        {
-            "op": "add",
-            "path": "/spec/containers/0/env",
-            "value": [
-                {
-                    "name": "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
-                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION}']"}},
-                }
-            ],
-        }
-    )
+    patch.append({"op": "add", "path": "/spec/containers/0/env", "value": [{
+        "name": "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
+        "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION}']"}},
+    }]})
     return patch
 
 
@@ -70,10 +62,8 @@ def test_pod_create_and_binding_webhooks_give_the_pod_its_nodes_value(
     plane_c.add_node(node, labels={"fiar.test/pool": unique})
     config = mutating_configuration(
         f"fiar-test-{unique}",
-        [
-            ("pods.fiar.test", webhook.url("pods"), "pods", "CREATE"),
-            ("binding.fiar.test", webhook.url("binding"), "pods/binding", "CREATE"),
-        ],
+        [("pods.fiar.test", webhook.url("pods"), "pods", "CREATE"),
+         ("binding.fiar.test", webhook.url("binding"), "pods/binding", "CREATE")],
         webhook.ca_bundle,
         namespace=ns,
     )
@@ -83,13 +73,9 @@ def test_pod_create_and_binding_webhooks_give_the_pod_its_nodes_value(
         core = client.CoreV1Api(api)
         try:
             pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "vllm-0"},
-                "spec": {
-                    "nodeSelector": {"fiar.test/pool": unique},
-                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest"}],
-                },
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-0"},
+                "spec": {"nodeSelector": {"fiar.test/pool": unique},
+                         "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest"}]},
             }
             created = _wait(lambda: _try_create(core, ns, pod), timeout=30)
             # Pod CREATE webhook ran: fallback annotation and the fieldRef env are in place.

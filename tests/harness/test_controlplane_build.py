@@ -21,9 +21,8 @@ def test_kubernetes_binaries_report_the_pinned_version(controlplane_binaries: di
 
 
 def test_kubectl_reports_the_pinned_client_version(controlplane_binaries: dict[str, Path]) -> None:
-    out = subprocess.run(
-        [str(controlplane_binaries["kubectl"]), "version", "--client"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([str(controlplane_binaries["kubectl"]), "version", "--client"], capture_output=True,
+                         text=True, check=True)
     assert f"Client Version: {_version_of('k8s')}" in out.stdout
 
 
@@ -35,9 +34,8 @@ def test_etcd_reports_the_version_paired_with_kubernetes(controlplane_binaries: 
 
 
 def test_helm_reports_the_pinned_version(controlplane_binaries: dict[str, Path]) -> None:
-    out = subprocess.run(
-        [str(controlplane_binaries["helm"]), "version", "--short"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([str(controlplane_binaries["helm"]), "version", "--short"], capture_output=True,
+                         text=True, check=True)
     assert out.stdout.startswith(_version_of("helm"))
 
 

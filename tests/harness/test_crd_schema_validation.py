@@ -23,28 +23,20 @@ def _crd(group: str) -> dict[str, Any]:
             "group": group,
             "scope": "Cluster",
             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "required": ["size"],
-                                    "properties": {
-                                        "size": {"type": "integer", "minimum": 1},
-                                        "color": {"type": "string", "enum": ["red", "blue"]},
-                                    },
-                                }
-                            },
-                        }
-                    },
-                }
-            ],
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {"spec": {
+                        "type": "object",
+                        "required": ["size"],
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 1},
+                            "color": {"type": "string", "enum": ["red", "blue"]},
+                        },
+                    }},
+                }},
+            }],
         },
     }
 
@@ -66,12 +58,8 @@ def test_crd_schema_rejects_a_bad_object_and_accepts_a_good_one(plane_a: Control
         ext.create_custom_resource_definition(_crd(group))
         _wait_established(ext, f"widgets.{group}")
         objs = client.CustomObjectsApi(api)
-        bad = {
-            "apiVersion": f"{group}/v1",
-            "kind": "Widget",
-            "metadata": {"name": "bad"},
-            "spec": {"size": 0, "color": "green"},
-        }
+        bad = {"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "bad"},
+               "spec": {"size": 0, "color": "green"}}
         with pytest.raises(ApiException) as err:
             objs.create_cluster_custom_object(group, "v1", "widgets", bad)
         assert err.value.status == 422

@@ -28,13 +28,8 @@ def test_stdlib_operator_resolves_to_the_standard_library() -> None:
 
 
 def test_asyncio_imports_from_the_repository_root() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import asyncio, operator; operator.eq"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT)},
-    )
+    proc = subprocess.run([sys.executable, "-c", "import asyncio, operator; operator.eq"], cwd=ROOT,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
 
 

@@ -14,18 +14,12 @@ pytestmark = pytest.mark.controlplane
 
 def test_deployment_pods_land_on_the_labelled_fake_gpu_node_and_run(plane_c: ControlPlane, unique: str) -> None:
     gpu_node, cpu_node = f"gpu-{unique}", f"cpu-{unique}"
-    plane_c.add_node(
-        gpu_node,
-        labels={"fiar.test/pool": unique},
-        capacity={"nvidia.com/gpu": "8"},
-        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    )
+    plane_c.add_node(gpu_node, labels={"fiar.test/pool": unique}, capacity={"nvidia.com/gpu": "8"},
+                     taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     plane_c.add_node(cpu_node)
     ns = plane_c.create_namespace(f"sched-{unique}")
     deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "vllm"},
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm"},
         "spec": {
             "replicas": 3,
             "selector": {"matchLabels": {"app": "vllm"}},
@@ -34,13 +28,8 @@ def test_deployment_pods_land_on_the_labelled_fake_gpu_node_and_run(plane_c: Con
                 "spec": {
                     "nodeSelector": {"fiar.test/pool": unique},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:latest",
-                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                        }
-                    ],
+                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest",
+                                    "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
                 },
             },
         },

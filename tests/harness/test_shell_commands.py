@@ -17,9 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def devcluster(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"), "FIAR_DEVCLUSTER_DIR": str(workdir)}
-    return subprocess.run(
-        [sys.executable, "-m", "devcluster", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "devcluster", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
@@ -57,11 +56,8 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
     pids: list[int] = []
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-        rows = {
-            line.split()[0]: line.split()
-            for line in demo.stdout.splitlines()
-            if line and line.split()[0] in {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink"}
-        }
+        rows = {line.split()[0]: line.split() for line in demo.stdout.splitlines()
+                if line and line.split()[0] in {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink"}}
         # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND REASON
         assert rows["h200x2-host"][2:6] == ["disabled", "skipped", "pass", "trtllm"]
         assert rows["h200x2-host"][7:] == ["trtllm", "Verified"]
@@ -88,19 +84,9 @@ def test_down_never_kills_a_process_that_reused_a_recorded_pid(tmp_path: Path) -
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        state = {
-            "tier": "A",
-            "server": "https://127.0.0.1:1",
-            "kubeconfig": str(tmp_path / "kubeconfig"),
-            "components": {
-                "kube-apiserver": {
-                    "pid": bystander.pid,
-                    "argv": ["/opt/kube-apiserver"],
-                    "log": str(tmp_path / "log"),
-                    "health": "https://127.0.0.1:1/",
-                }
-            },
-        }
+        state = {"tier": "A", "server": "https://127.0.0.1:1", "kubeconfig": str(tmp_path / "kubeconfig"),
+                 "components": {"kube-apiserver": {"pid": bystander.pid, "argv": ["/opt/kube-apiserver"],
+                                                   "log": str(tmp_path / "log"), "health": "https://127.0.0.1:1/"}}}
         (tmp_path / "state.json").write_text(json.dumps(state))
         assert devcluster(tmp_path, "down").returncode == 0
         assert bystander.poll() is None, "down killed a process it had not started"
