@@ -244,11 +244,19 @@ warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 cases = json.load(sys.stdin)
 import vllm
+import vllm.platforms
+from vllm.platforms.cpu import CpuPlatform
+# No GPU here, and releases before 0.33 take the CPU platform only in a CPU build: set it, as
+# VLLM_TARGET_DEVICE=cpu does in 0.33. Parsing and CompilationConfig do not depend on it.
+vllm.platforms._current_platform = CpuPlatform()
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-try:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:  # where `vllm serve` and the api_server module take their parser from, by release
+    from vllm.entrypoints.openai.cli_args import make_arg_parser  # 0.25-0.27
 except ImportError:
-    from vllm.entrypoints.common.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32
+    except ImportError:
+        from vllm.entrypoints.common.cli_args import make_arg_parser  # 0.33
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.engine.arg_utils import AsyncEngineArgs
 import vllm.envs as envs
@@ -330,6 +338,9 @@ def prepare(version: str) -> Path:
 def check(venv: Path, found: list[dict[str, Any]]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["CUDA_VISIBLE_DEVICES"] = ""
+    # No GPU here: vLLM's config classes need a platform to build the parser, so take its CPU platform.
+    # Argument parsing, the dotted -cc merge and CompilationConfig do not depend on it.
+    env["VLLM_TARGET_DEVICE"] = "cpu"
     proc = subprocess.run(
         [str(venv / "bin" / "python"), "-c", CHECKER],
         input=json.dumps(found),
