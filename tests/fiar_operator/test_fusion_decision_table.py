@@ -3,14 +3,17 @@ standalone FlashInfer allreduce (docs/operator.md, "The decision table")."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 import fiar_contract as contract
 from fiar_operator.decide import Decision, GroupPlan, decide, node_facts, pending
-from fiar_operator.pods import group_plan, pod_record
+from fiar_operator.mutation import injected_entry
+from fiar_operator.pods import PodRecord, group_plan, pod_record
 from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.reconcile import review_pod
 from fiar_operator.selectors import node_constraint
 
 B, MN, T, C = contract.LABEL_BACKEND, contract.LABEL_MNNVL, contract.LABEL_TRTLLM, contract.LABEL_CLIQUE
@@ -202,3 +205,44 @@ def test_a_group_has_an_imex_channel_when_a_container_uses_a_claim_the_policy_na
 ) -> None:
     plan = group_plan(pod_record(lws_pod(claims, used)), policy(**spec))
     assert plan.multi and plan.imex == bool(imex)
+
+
+# -- drift of the fusion (reconcile.review_pod) --------------------------------------------------------
+def running(annotations: dict[str, str], reads_fusion: bool) -> PodRecord:
+    env = [injected_entry(contract.ENV_VAR)]
+    if reads_fusion:
+        env += [injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS), injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER)]
+    binding = {"backend": annotations[contract.ANNOTATION_POD_BACKEND], "trigger": "binding", "reason": "Verified"}
+    return pod_record(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ml",
+                "uid": "u",
+                "labels": {contract.LABEL_POD_POLICY: "p"},
+                "annotations": {**annotations, contract.ANNOTATION_POD_DECISION: json.dumps(binding)},
+            },
+            "spec": {"nodeName": "n", "containers": [{"name": "vllm", "env": env}]},
+            "status": {"phase": "Running"},
+        }
+    )
+
+
+def test_a_node_that_now_verifies_trtllm_turns_the_fusion_back_on_with_the_same_backend() -> None:
+    record = running(pending(policy()).annotations() | {contract.ANNOTATION_POD_BACKEND: "trtllm"}, True)
+    action = review_pod(record, policy(), {"n": {B: "trtllm", T: "pass"}})
+    assert action is not None and action.event_reason == "NodeVerdictChanged"
+    assert (action.decision.backend, action.decision.fusion, action.decision.previous_fusion) == ("trtllm", "on", "off")
+    assert "fusion off -> on" in action.message
+
+
+def test_a_pod_admitted_before_fiar_controlled_the_fusion_is_not_reannotated_for_it() -> None:
+    record = running({contract.ANNOTATION_POD_BACKEND: "trtllm"}, False)
+    assert review_pod(record, policy(), {"n": {B: "trtllm", T: "pass"}}) is None
+
+
+def test_a_missing_fusion_annotation_is_written_again() -> None:
+    record = running({contract.ANNOTATION_POD_BACKEND: "trtllm"}, True)
+    action = review_pod(record, policy(), {"n": {B: "trtllm", T: "pass"}})
+    assert action is not None
+    assert action.decision.annotations()[contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS] == "null"
