@@ -141,8 +141,10 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     ]
     if not hits:
         out.append(copy.deepcopy(STANDALONE_ENTRY))
-    elif not respect and not is_injected(out[hits[0]]):
+    elif not respect and not all(is_injected(out[j]) for j in hits):
+        # The kubelet takes the last of duplicate names: keep one entry, ours, where the first was.
         out[hits[0]] = copy.deepcopy(STANDALONE_ENTRY)
+        out = [e for j, e in enumerate(out) if j not in hits[1:]]
     return out
 
 

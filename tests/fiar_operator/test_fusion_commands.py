@@ -337,3 +337,14 @@ def test_a_multi_pod_group_without_an_imex_channel_claim_is_warned_at_create() -
     source["spec"]["containers"][0]["resources"] = {"claims": [{"name": "mnnvl-claim"}]}
     _out, warnings = mutated(source)
     assert not any("IMEX channel claim" in w for w in warnings)
+
+
+def test_overriding_a_users_standalone_setting_leaves_no_duplicate_behind() -> None:
+    own = {"name": contract.ENV_ALLREDUCE_USE_FLASHINFER, "value": "1"}
+    container = {**FORMS["production-stack"], "env": [own, {"name": "A", "value": "x"}, own]}
+    out, _warnings = mutated(pod(container), policy(respectExplicitFusion=False))
+    names = [e["name"] for e in out["spec"]["containers"][0]["env"]]
+    assert names.count(contract.ENV_ALLREDUCE_USE_FLASHINFER) == 1
+    _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
+    assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
+    assert plan_pod_create(out, policy(respectExplicitFusion=False), {}).ops == []

@@ -83,7 +83,8 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
     assert set(on_node) == set(nodes)
 
     def fusion_off(count: int) -> bool:
-        return (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionOff") == count
+        counted: Any = (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionOff")
+        return bool(counted == count)
 
     kit.wait(lambda: fusion_off(len(on_node[f"n-{kit.unique}"]) + len(on_node[f"p-{kit.unique}"])), 30, "fusionOff")
 
