@@ -26,12 +26,18 @@ def injected_entry(name: str) -> dict[str, Any]:
 
 
 ENV_ENTRY: Final = injected_entry(contract.ENV_VAR)
-FUSION_ENTRIES: Final = (
-    injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
-    {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
-)
-"""First in the env list, so that any later variable (VLLM_ADDITIONAL_ARGS) may refer to them."""
-STANDALONE_ENTRY: Final = injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER)
+
+
+def fusion_entries() -> list[dict[str, Any]]:
+    """Fresh copies of fiar's fusion variables; first in the env list, so that any later variable
+    (VLLM_ADDITIONAL_ARGS) may refer to them."""
+    return [
+        injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
+        {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
+    ]
+
+
+FUSION_NAMES: Final = frozenset({contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS})
 UNMANAGED_DEFAULTS: Final = {
     contract.ANNOTATION_POD_BACKEND: "auto",
     contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS["on"],
@@ -124,9 +130,8 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     """The env list with fiar's fusion variables first, VLLM_ADDITIONAL_ARGS extended, and the
     standalone FlashInfer allreduce switch read from its annotation (a container's own value is kept
     under respectExplicitFusion)."""
-    ours = {str(e["name"]) for e in FUSION_ENTRIES}
-    rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in ours)]
-    out: list[Any] = [copy.deepcopy(e) for e in FUSION_ENTRIES] + rest
+    rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in FUSION_NAMES)]
+    out: list[Any] = fusion_entries() + rest
     if plan.additional_args is not None:
         at = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == commands.ADDITIONAL_ARGS]
         entry = {"name": commands.ADDITIONAL_ARGS, "value": plan.additional_args}
@@ -140,10 +145,10 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
         if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER
     ]
     if not hits:
-        out.append(copy.deepcopy(STANDALONE_ENTRY))
+        out.append(injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER))
     elif not respect and not all(is_injected(out[j]) for j in hits):
         # The kubelet takes the last of duplicate names: keep one entry, ours, where the first was.
-        out[hits[0]] = copy.deepcopy(STANDALONE_ENTRY)
+        out[hits[0]] = injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER)
         out = [e for j, e in enumerate(out) if j not in hits[1:]]
     return out
 
@@ -242,9 +247,10 @@ def plan_pod_create(
         warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
     if group.multi and "mnnvl" in policy.backends and not group.imex and policy.mode == "Enforce":
         warnings.append("multi-pod group without an IMEX channel claim: no mnnvl, fusion off (see imexChannelClaims)")
-    ops += _placement_ops(policy, pod, group.multi, warnings)
-    ops += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
-    after = patches.apply(copy.deepcopy(dict(pod)), ops)
+    rest = _placement_ops(policy, pod, group.multi, warnings)
+    rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
+    ops += rest
+    after = patches.apply(work, rest)  # ``work`` already holds the containers' ops
 
     node = spec.get("nodeName")
     if node:

@@ -213,8 +213,11 @@ def has_imex_claim(record: PodRecord, policy: Policy) -> bool:
     return any(fnmatchcase(name, glob) for name in record.imex_claims for glob in policy.imex_claims)
 
 
-def pod_record(pod: Mapping[str, Any]) -> PodRecord:
-    """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record)."""
+def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
+    """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record).
+
+    ``commands=False`` leaves ``uncontrolled`` empty (the reconciler's records always read it; the
+    admission memo, which only answers bindings, need not parse commands)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -254,7 +257,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         fuse=annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS),
         use_flashinfer=annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
         reads=_reads(spec) if isinstance(spec, Mapping) else frozenset(),
-        uncontrolled=_uncontrolled(spec) if managed and isinstance(spec, Mapping) else (),
+        uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
         imex_claims=claims,
     )
 
