@@ -103,8 +103,12 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
             kit.wait(flipped, 30, f"pod {name} on {node} re-annotated")
             _argv, env = process(get(kit, namespace, name))
             assert (env[contract.ENV_VAR], env[contract.ENV_ALLREDUCE_USE_FLASHINFER]) == (backend, standalone)
-            events = [e for e in kit.events(namespace, name) if e["reason"] == "NodeVerdictChanged"]
-            assert events and "fusion" in events[0]["message"]
+
+            def warned(name: str = name) -> list[dict[str, Any]]:
+                return [e for e in kit.events(namespace, name) if e["reason"] == "NodeVerdictChanged"]
+
+            (event, *_more) = kit.wait(warned, 30, f"NodeVerdictChanged event on {name}")
+            assert "fusion" in event["message"]
     decision = json.loads(
         get(kit, namespace, on_node[bridge][0])["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION]
     )
