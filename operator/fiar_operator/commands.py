@@ -33,7 +33,8 @@ Command forms understood (``form``):
 
 Anything else (another shell string, ``--config FILE`` whose YAML may hold a compilation config, a
 JSON that is not an object, an abbreviated flag) is *not understood*: the command is left exactly
-as it is, and ``reason`` says why.
+as it is, and ``reason`` says why. A container whose image, command and args do not name vLLM at all
+is taken for a sidecar (``mentions_vllm`` False): not understood either, but not reported.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class CommandPlan:
     """The new args; None: unchanged."""
     additional_args: str | None = None
     """The new value of VLLM_ADDITIONAL_ARGS; None: unchanged."""
+    mentions_vllm: bool = True
+    """Whether the image, command or args name vLLM at all: a container that does not (a sidecar, a Ray
+    worker's ``ray start``) is not reported when its command is not understood."""
 
     @property
     def understood(self) -> bool:
@@ -241,6 +245,8 @@ def plan_command(container: Mapping[str, Any], respect_explicit: bool = True) ->
     if _has_reference(command + args) or (extra is not None and REF_ARGS in extra):
         return CommandPlan("placeholder")
     argv = command + args
+    if not any("vllm" in text.lower() for text in [str(container.get("image") or ""), *argv]):
+        return CommandPlan(None, "neither its image nor its command names vLLM", mentions_vllm=False)
     if not command:
         if not _IMAGE_REPOSITORY.search(_image_repository(str(container.get("image") or ""))):
             return CommandPlan(None, "no command, and the image's entrypoint is not known to be vLLM's server")

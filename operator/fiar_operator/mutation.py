@@ -168,7 +168,8 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
             warnings.append(f"container {name} sets fuse_allreduce_rms itself; left alone (respectExplicitFusion)")
             return []
         if not plan.understood:
-            warnings.append(f"container {name}: fusion not controlled: {plan.reason}")
+            if plan.mentions_vllm:
+                warnings.append(f"container {name}: fusion not controlled: {plan.reason}")
             return []
     env = container.get("env") or []
     own = [e for e in env if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER]

@@ -182,7 +182,7 @@ def _uncontrolled(spec: Mapping[str, Any]) -> tuple[str, ...]:
         if not isinstance(container, Mapping):
             continue
         plan = plan_command(container)
-        if not plan.understood and not plan.explicit:
+        if not plan.understood and not plan.explicit and plan.mentions_vllm:
             found.append(str(container.get("name", "")))
     return tuple(found)
 

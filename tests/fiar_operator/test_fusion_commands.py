@@ -18,6 +18,7 @@ from fiar_operator import patches
 from fiar_operator.commands import DOTTED_FLAG, container_process, expand, plan_command
 from fiar_operator.decide import Decision
 from fiar_operator.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.pods import pod_record
 from fiar_operator.policy import Policy, parse_policy
 
 USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}, "note": "ünï ${HOME} $x"}
@@ -223,7 +224,7 @@ def test_exec_token_never_expands_to_an_empty_argument_even_without_the_annotati
         {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "-cc", "3"]},
         {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "-cc", "{not json"]},
         {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--compilation-config"]},
-        {"name": "vllm", "image": "my/server:1", "args": ["--model", "m"]},
+        {"name": "vllm", "image": "my/vllm-server:1", "args": ["--model", "m"]},
         {"name": "vllm", "image": "vllm/vllm-openai", "command": ["/entrypoint.sh"], "args": ["serve"]},
         {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--", "x"]},
         {"name": "vllm", "image": "vllm/vllm-openai", "command": "vllm serve m"},
@@ -348,3 +349,21 @@ def test_overriding_a_users_standalone_setting_leaves_no_duplicate_behind() -> N
     _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
     assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
     assert plan_pod_create(out, policy(respectExplicitFusion=False), {}).ops == []
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "istio-proxy", "image": "istio/proxyv2:1.24", "args": ["proxy", "sidecar"]},
+        {"name": "vllm-worker", "image": "rayproject/ray:2.40", "command": ["sh", "-c", "ray start --block"]},
+    ],
+    ids=["sidecar", "ray-worker"],
+)
+def test_a_container_that_names_vllm_nowhere_is_neither_changed_nor_reported(container: dict[str, Any]) -> None:
+    out, warnings = mutated(pod(container))
+    changed = out["spec"]["containers"][0]
+    assert {k: v for k, v in changed.items() if k != "env"} == container
+    assert not any("fusion not controlled" in w for w in warnings)
+    assert pod_record(out).uncontrolled == ()
+    shell = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m"]}
+    assert pod_record(mutated(pod(shell))[0]).uncontrolled == ("vllm",)

@@ -13,7 +13,7 @@ from fiar_operator.decide import Decision, GroupPlan, decide, node_facts, pendin
 from fiar_operator.mutation import injected_entry
 from fiar_operator.pods import PodRecord, group_plan, pod_record
 from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.reconcile import review_pod
+from fiar_operator.reconcile import policy_status, review_pod
 from fiar_operator.selectors import node_constraint
 
 B, MN, T, C = contract.LABEL_BACKEND, contract.LABEL_MNNVL, contract.LABEL_TRTLLM, contract.LABEL_CLIQUE
@@ -246,3 +246,20 @@ def test_a_missing_fusion_annotation_is_written_again() -> None:
     action = review_pod(record, policy(), {"n": {B: "trtllm", T: "pass"}})
     assert action is not None
     assert action.decision.annotations()[contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS] == "null"
+
+
+def test_status_counts_pods_with_the_fusion_off_and_pods_whose_command_fiar_cannot_change() -> None:
+    off = running(pending(policy()).annotations(), True)
+    on = running(decided("h200x2-host", "single").annotations(), True)
+    shell = pod_record(
+        {
+            "metadata": {"name": "s", "namespace": "ml", "labels": {contract.LABEL_POD_POLICY: "p"}},
+            "spec": {
+                "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve"]}]
+            },
+        }
+    )
+    status = policy_status(policy(), {}, [off, on, shell], None, "2026-12-01T00:00:00Z")
+    assert (status["pods"]["fusionOff"], status["pods"]["fusionUncontrolled"]) == (1, 1)
+    disabled = policy_status(policy(fusionControl="Disabled"), {}, [shell], None, "2026-12-01T00:00:00Z")
+    assert disabled["pods"]["fusionUncontrolled"] == 0

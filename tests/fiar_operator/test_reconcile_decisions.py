@@ -184,7 +184,6 @@ def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
     ]
     status = policy_status(policy(), nodes, pods, None, NOW)
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 1, "none": 1, "unprobed": 1, "verified": 2}
-    # The records' containers have no command fiar understands: each counts as fusionUncontrolled.
     assert status["pods"] == {
         "decided": 2,
         "fallback": 1,
@@ -192,7 +191,7 @@ def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
         "stale": 1,
         "unconfigured": 0,
         "fusionOff": 0,
-        "fusionUncontrolled": 3,
+        "fusionUncontrolled": 0,
     }
     assert status["observedGeneration"] == 2
     conditions = {c["type"]: c for c in status["conditions"]}
