@@ -24,6 +24,9 @@ LABEL_GPUS: Final = "fiar.io/gpus"
 LABEL_CLIQUE: Final = "fiar.io/clique"
 """``<clusterUUID>.<cliqueId>`` when the NVLink fabric reports one; absent otherwise."""
 
+LABEL_GFD_CLIQUE: Final = "nvidia.com/gpu.clique"
+"""The same ``<clusterUUID>.<cliqueId>``, written by NVIDIA GPU Feature Discovery; read, never written."""
+
 AGENT_LABELS: Final = (LABEL_BACKEND, LABEL_MULTICAST, LABEL_MNNVL, LABEL_TRTLLM, LABEL_GPUS, LABEL_CLIQUE)
 
 # -- Node annotations ---------------------------------------------------------------------------------
@@ -39,15 +42,31 @@ ANNOTATION_POD_BACKEND: Final = "fiar.io/backend"
 """The backend the pod's containers read through a fieldRef."""
 ANNOTATION_POD_DECISION: Final = "fiar.io/decision"
 """JSON: node, node verdict, policy, reason."""
+ANNOTATION_POD_FUSE_ALLREDUCE_RMS: Final = "fiar.io/fuse-allreduce-rms"
+"""``false`` (fiar turns vLLM's AR+RMSNorm fusion off) or ``null`` (vLLM's own setting): a JSON literal
+the container's command reads through ``$(FIAR_FUSE_ALLREDUCE_RMS)``."""
+ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: Final = "fiar.io/allreduce-use-flashinfer"
+"""``0`` or ``1``: the value of ``VLLM_ALLREDUCE_USE_FLASHINFER`` in containers whose fusion fiar controls."""
 NAMESPACE_IGNORE_LABEL: Final = "fiar.io/ignore"
 """Namespaces with this label are never seen by the webhooks."""
 
 ENV_VAR: Final = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
+ENV_ALLREDUCE_USE_FLASHINFER: Final = "VLLM_ALLREDUCE_USE_FLASHINFER"
+"""vLLM's switch for the standalone FlashInfer allreduce, which uses the fusion's workspace."""
+ENV_FUSE_ALLREDUCE_RMS: Final = "FIAR_FUSE_ALLREDUCE_RMS"
+"""Injected variable holding ANNOTATION_POD_FUSE_ALLREDUCE_RMS; usable inside a JSON --compilation-config."""
+ENV_VLLM_ARGS: Final = "FIAR_VLLM_ARGS"
+"""Injected variable holding one vLLM flag, ``-cc.pass_config.fuse_allreduce_rms=<value>``: the placeholder
+a shell-string command puts after ``vllm serve``."""
+IMEX_CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
+"""DeviceClass of the IMEX channel a ComputeDomain (NVIDIA DRA driver) gives the pods that claim it."""
 
 # -- Values ----------------------------------------------------------------------------------------
 Backend = Literal["mnnvl", "trtllm"]
 Verdict = Literal["mnnvl", "trtllm", "none"]
 EnvValue = Literal["auto", "trtllm", "mnnvl"]
+Fusion = Literal["on", "off"]
+"""on: the container's own fusion settings (vLLM's default unless it sets them); off: fiar turns it off."""
 Multicast = Literal["supported", "unsupported", "disabled", "unknown"]
 TestResult = Literal["pass", "fail", "timeout", "skipped"]
 
@@ -56,6 +75,8 @@ BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = ("mnnvl", "trtllm", "none")
 ENV_VALUES: Final[tuple[EnvValue, ...]] = ("auto", "trtllm", "mnnvl")
 MULTICAST_STATES: Final[tuple[Multicast, ...]] = ("supported", "unsupported", "disabled", "unknown")
 TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
+FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
+ALLREDUCE_USE_FLASHINFER: Final[dict[Fusion, str]] = {"on": "1", "off": "0"}
 
 # Host-policy variables: any of these set to its value means "multicast is disabled by the host".
 HOST_POLICY_ENV: Final = {

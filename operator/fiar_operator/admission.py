@@ -148,7 +148,7 @@ class Admission:
             return self._unmanaged(review, pod, "unmanaged")
         plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes)
         if not review.dry_run:
-            record = pod_record(plan.pod)
+            record = pod_record(plan.pod, commands=False)
             if not record.namespace:
                 record = dataclasses.replace(record, namespace=namespace)
             record = dataclasses.replace(record, policy=plan.policy.name if plan.managed and plan.policy else None)
@@ -232,14 +232,7 @@ class Admission:
             trigger="binding",
             time=self.clock(),
         )
-        ops = patches.set_map_entries(
-            binding,
-            ("metadata", "annotations"),
-            {
-                contract.ANNOTATION_POD_BACKEND: decision.backend,
-                contract.ANNOTATION_POD_DECISION: decision.to_json(),
-            },
-        )
+        ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())
         self.metrics.decision(decision)
         self.metrics.admission("binding", "mutated")
         return respond(review, ops)

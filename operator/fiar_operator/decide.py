@@ -1,16 +1,27 @@
-"""Which backend a managed pod gets on a node: pure functions over node labels and the pod's policy.
+"""Which backend a managed pod gets on a node, and whether vLLM's FlashInfer allreduce fusion runs:
+pure functions over node labels, the pod's group and its policy.
 
 A node *verifies* a backend when the agent's verdict label names it, or when the verdict is
 ``mnnvl`` and the trtllm smoke test also passed. A pod gets the first backend of its policy's
-``backends`` that its node verifies, else the policy's ``fallbackBackend``.
+``backends`` that its node verifies (reason ``Verified``); only then does the fusion run as the
+container itself configures it (``fusion: on``). Everywhere else the fusion is off (``fusion: off``:
+fiar turns vLLM's AR+RMSNorm fusion pass and the standalone FlashInfer allreduce, which shares its
+workspace, off in the containers whose command it can change), because vLLM's own guess there is the
+crash or the crawl (vLLM #48071: 0.25-0.26 crash at CUDA-graph capture, 0.27-0.33 fall back to a
+trtllm path reported 10-34x slower than no fusion). The backend value still matters for a container
+whose fusion cannot be turned off: on a node whose trtllm smoke test ran it gets ``trtllm``, which
+runs, else the policy's ``fallbackBackend``. A policy with ``fusionControl: Disabled`` leaves the
+fusion on everywhere.
 
 A multi-pod group (a LeaderWorkerSet group of size > 1, or every pod of a policy with
 ``multiNode: Always``) spans pods, which vLLM treats as separate nodes: trtllm then raises, so only
-mnnvl qualifies, and only when every node the group may land on verifies mnnvl and all of them share
-one NVLink clique. A group is *pinned* when its pods carry the constraints the pod webhook injects
-for that (required node affinity on mnnvl nodes with a clique, and a required pod affinity that keeps
-the group in one clique); an unpinned group qualifies only when every node its placement admits
-already meets the rule.
+mnnvl qualifies, and only when every node the group may land on verifies mnnvl, all of them share
+one NVLink clique (``fiar.io/clique`` or GFD's ``nvidia.com/gpu.clique``), and the pods carry an IMEX
+channel claim (FlashInfer needs FABRIC memory handles across hosts, which need the channel). A group
+is *pinned* when its pods carry the constraints the pod webhook injects for that (required node
+affinity on mnnvl nodes with a clique, and a required pod affinity that keeps the group in one
+clique); an unpinned group qualifies only when every node its placement admits already meets the
+rule. A group that does not qualify gets the fallback with the fusion off.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ Reason = Literal[
     "Pending",
     "MultiNodeNeedsMnnvl",
     "MultiNodeNoSharedClique",
+    "MultiNodeNoImexChannel",
 ]
 Trigger = Literal["create", "binding", "reconcile"]
 
@@ -49,6 +61,14 @@ class NodeFacts:
     """``None`` when the node has no (valid) fiar.io/backend label: never probed."""
     verified: frozenset[contract.Backend]
     clique: str | None
+    """The NVLink clique: fiar's label or GFD's; None when neither is set or the two disagree."""
+    trtllm_runs: bool = False
+    """The trtllm smoke test passed (whether or not trtllm is the verdict)."""
+
+
+def _clique(labels: Mapping[str, str]) -> str | None:
+    found = {labels.get(contract.LABEL_CLIQUE) or None, labels.get(contract.LABEL_GFD_CLIQUE) or None} - {None}
+    return found.pop() if len(found) == 1 else None
 
 
 def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
@@ -64,7 +84,8 @@ def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
             verified.add("trtllm")
     elif verdict == "trtllm":
         verified.add("trtllm")
-    return NodeFacts(name, verdict, frozenset(verified), labels.get(contract.LABEL_CLIQUE) or None)
+    runs = "trtllm" in verified or labels.get(contract.LABEL_TRTLLM) == "pass"
+    return NodeFacts(name, verdict, frozenset(verified), _clique(labels), runs)
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,8 @@ class GroupPlan:
     key: str | None = None
     pinned: bool = False
     constraint: NodeConstraint = ANYWHERE
+    imex: bool = False
+    """A container of the pod uses an IMEX channel claim (or the policy says the channel is provided)."""
 
 
 SINGLE: Final = GroupPlan()
@@ -91,21 +114,46 @@ class Decision:
     time: str | None = None
     previous: str | None = None
     group: str | None = None
+    fusion: contract.Fusion = "on"
+    previous_fusion: str | None = None
 
     @property
     def verified(self) -> bool:
         return self.reason == VERIFIED_REASON
 
+    @property
+    def flashinfer_allreduce(self) -> bool:
+        """Whether the standalone FlashInfer allreduce may run: it creates the fusion's workspace with
+        the same backend resolution, so it runs exactly where the fusion does."""
+        return self.fusion == "on"
+
+    def annotations(self) -> dict[str, str]:
+        """The pod annotations that carry this decision to the containers (through fieldRef env vars)."""
+        return {
+            contract.ANNOTATION_POD_BACKEND: self.backend,
+            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS[self.fusion],
+            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER[
+                "on" if self.flashinfer_allreduce else "off"
+            ],
+            contract.ANNOTATION_POD_DECISION: self.to_json(),
+        }
+
     def to_json(self) -> str:
         doc: dict[str, Any] = {
             "backend": self.backend,
+            "fusion": self.fusion,
             "node": self.node,
             "nodeVerdict": self.node_verdict,
             "policy": self.policy,
             "reason": self.reason,
             "trigger": self.trigger,
         }
-        for key, value in (("time", self.time), ("previous", self.previous), ("group", self.group)):
+        for key, value in (
+            ("time", self.time),
+            ("previous", self.previous),
+            ("previousFusion", self.previous_fusion),
+            ("group", self.group),
+        ):
             if value is not None:
                 doc[key] = value
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
@@ -126,13 +174,27 @@ def parse_decision(raw: str | None) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def fusion(policy: Policy, reason: Reason) -> contract.Fusion:
+    """The one fusion rule: it runs only where the node verifies an allowed backend for the pod.
+
+    ``Pending`` (created, not bound yet) is off too: that is what a pod runs with when the binding
+    webhook misses it, and off is safe on every node, while on crashes or crawls on nodes that
+    verify nothing (a verified node loses a few percent until the containers restart).
+    """
+    return "on" if policy.fusion_control == "Disabled" or reason == VERIFIED_REASON else "off"
+
+
 def pending(policy: Policy) -> Decision:
-    """The CREATE-time decision of a pod not yet bound: the fallback, replaced at binding."""
-    return Decision(policy.fallback, "Pending", policy.name, trigger="create")
+    """The CREATE-time decision of a pod not yet bound: the fallback, fusion off; replaced at binding."""
+    return Decision(policy.fallback, "Pending", policy.name, trigger="create", fusion=fusion(policy, "Pending"))
 
 
 def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, Reason]:
-    """The backend for a single-pod workload on a node."""
+    """The backend for a single-pod workload on a node.
+
+    A node that verifies none of the allowed backends gives ``trtllm`` when its trtllm smoke test
+    passed (it runs, where vLLM's ``auto`` would first try mnnvl), else the fallback.
+    """
     if facts is None:
         return policy.fallback, "NodeUnknown"
     if facts.verdict is None:
@@ -140,7 +202,7 @@ def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, 
     for backend in policy.backends:
         if backend in facts.verified:
             return backend, "Verified"
-    return policy.fallback, "NotVerified"
+    return ("trtllm" if facts.trtllm_runs else policy.fallback), "NotVerified"
 
 
 def _group_ok(candidates: Iterable[NodeFacts]) -> bool:
@@ -169,13 +231,15 @@ def choose_for_group(
         return policy.fallback, "NotProbed"
     if "mnnvl" not in facts.verified or facts.clique is None:
         return policy.fallback, "MultiNodeNoSharedClique"
-    if group.pinned:
-        return "mnnvl", "Verified"
-    # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
-    candidates = [node_facts(name, labels) for name, labels in list(nodes.items()) if group.constraint.admits(labels)]
-    if _group_ok(candidates):
-        return "mnnvl", "Verified"
-    return policy.fallback, "MultiNodeNoSharedClique"
+    if not group.pinned:
+        # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
+        admitted = list(nodes.items())
+        candidates = [node_facts(name, labels) for name, labels in admitted if group.constraint.admits(labels)]
+        if not _group_ok(candidates):
+            return policy.fallback, "MultiNodeNoSharedClique"
+    if not group.imex:
+        return policy.fallback, "MultiNodeNoImexChannel"
+    return "mnnvl", "Verified"
 
 
 def decide(
@@ -202,6 +266,7 @@ def decide(
         trigger=trigger,
         time=time,
         group=group.key if group.multi else None,
+        fusion=fusion(policy, reason),
     )
 
 

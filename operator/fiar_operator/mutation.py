@@ -1,8 +1,9 @@
-"""The pod CREATE mutation: which containers get the env var, and the JSONPatch that says so.
+"""The pod CREATE mutation: which containers get the env vars, how their commands read the fusion
+decision (``commands.py``), and the JSONPatch that says so.
 
 The patch is computed against the pod as it arrives, so a reinvocation (``reinvocationPolicy:
 IfNeeded``) or a pod that already went through the webhook yields no new operations: there is never a
-second env entry, label or affinity term.
+second env entry, label, affinity term or flag.
 """
 
 from __future__ import annotations
@@ -14,14 +15,35 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import affinity, decide, patches
-from fiar_operator.pods import FIELD_PATH, group_plan, is_injected, pod_record
+from fiar_operator import affinity, commands, decide, patches
+from fiar_operator.pods import INJECTED, field_path, group_plan, is_injected, pod_record
 from fiar_operator.policy import Policy
 
-ENV_ENTRY: Final = {
-    "name": contract.ENV_VAR,
-    "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": FIELD_PATH}},
+
+def injected_entry(name: str) -> dict[str, Any]:
+    """The env entry that reads variable ``name`` from its pod annotation (see ``pods.INJECTED``)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path(INJECTED[name])}}}
+
+
+ENV_ENTRY: Final = injected_entry(contract.ENV_VAR)
+
+
+def fusion_entries() -> list[dict[str, Any]]:
+    """Fresh copies of fiar's fusion variables; first in the env list, so that any later variable
+    (VLLM_ADDITIONAL_ARGS) may refer to them."""
+    return [
+        injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
+        {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
+    ]
+
+
+FUSION_NAMES: Final = frozenset({contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS})
+UNMANAGED_DEFAULTS: Final = {
+    contract.ANNOTATION_POD_BACKEND: "auto",
+    contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS["on"],
+    contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER["on"],
 }
+"""vLLM's own defaults, for a pod that reads fiar's annotations without a policy taking it."""
 
 
 @dataclass(frozen=True)
@@ -38,34 +60,37 @@ class PodPlan:
         return self.decision is not None
 
 
-def reads_backend(pod: Mapping[str, Any]) -> bool:
-    """Whether a container (or init container) of the pod has the injected env entry."""
+def reads(pod: Mapping[str, Any]) -> set[str]:
+    """The annotations that injected env entries of the pod's containers (and init containers) read."""
     spec = pod.get("spec")
+    found: set[str] = set()
     if not isinstance(spec, Mapping):
-        return False
+        return found
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
         for container in containers if isinstance(containers, list) else []:
             env = container.get("env") if isinstance(container, Mapping) else None
-            if isinstance(env, list) and any(isinstance(e, Mapping) and is_injected(e) for e in env):
-                return True
-    return False
+            for entry in env if isinstance(env, list) else []:
+                if isinstance(entry, Mapping) and is_injected(entry):
+                    found.add(INJECTED[str(entry["name"])])
+    return found
 
 
 def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
-    """``fiar.io/backend=auto`` for a pod whose containers read that annotation but that lacks it.
+    """vLLM's defaults (``fiar.io/backend=auto``, the fusion as the container sets it) for the fiar
+    annotations a pod's containers read but the pod lacks.
 
-    Such a pod carries the injected env entry without a policy taking it (e.g. copied from a live
-    pod into a template). The kubelet would resolve the variable to "" and vLLM would raise
-    ValueError; ``auto`` is vLLM's own default.
+    Such a pod carries injected env entries without a policy taking it (e.g. copied from a live pod
+    into a template). The kubelet would resolve a variable to "": vLLM raises ValueError on an empty
+    backend or VLLM_ALLREDUCE_USE_FLASHINFER, and an empty fusion value breaks its command line.
     """
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if isinstance(annotations, Mapping) and contract.ANNOTATION_POD_BACKEND in annotations:
+    present = annotations if isinstance(annotations, Mapping) else {}
+    missing = {key: UNMANAGED_DEFAULTS[key] for key in sorted(reads(pod)) if key not in present}
+    if not missing:
         return []
-    if not reads_backend(pod):
-        return []
-    return patches.set_map_entries(pod, ("metadata", "annotations"), {contract.ANNOTATION_POD_BACKEND: "auto"})
+    return patches.set_map_entries(pod, ("metadata", "annotations"), missing)
 
 
 def _container_ops(
@@ -98,6 +123,66 @@ def _container_ops(
         ops += [{"op": "remove", "path": patches.pointer(*base, j)} for j in reversed(hits[1:])]
     if container.get("envFrom"):
         warnings.append(f"container {name} uses envFrom; the injected {contract.ENV_VAR} takes precedence")
+    return ops
+
+
+def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> list[Any]:
+    """The env list with fiar's fusion variables first, VLLM_ADDITIONAL_ARGS extended, and the
+    standalone FlashInfer allreduce switch read from its annotation (a container's own value is kept
+    under respectExplicitFusion)."""
+    rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in FUSION_NAMES)]
+    out: list[Any] = fusion_entries() + rest
+    if plan.additional_args is not None:
+        at = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == commands.ADDITIONAL_ARGS]
+        entry = {"name": commands.ADDITIONAL_ARGS, "value": plan.additional_args}
+        if at:
+            out[at[0]] = entry
+        else:
+            out.append(entry)
+    hits = [
+        j
+        for j, e in enumerate(out)
+        if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER
+    ]
+    if not hits:
+        out.append(injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER))
+    elif not respect and not all(is_injected(out[j]) for j in hits):
+        # The kubelet takes the last of duplicate names: keep one entry, ours, where the first was.
+        out[hits[0]] = injected_entry(contract.ENV_ALLREDUCE_USE_FLASHINFER)
+        out = [e for j, e in enumerate(out) if j not in hits[1:]]
+    return out
+
+
+def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]) -> list[patches.Op]:
+    """Ops that make a container's command read the fusion decision.
+
+    A command with fiar's placeholder always gets the variables it refers to; other commands are
+    changed only under ``fusionControl: Enabled``, and only when ``commands`` understands them.
+    """
+    name = str(container.get("name", ""))
+    plan = commands.plan_command(container, policy.respect_explicit_fusion)
+    if plan.form != "placeholder":
+        if policy.fusion_control == "Disabled":
+            return []
+        if plan.explicit:
+            warnings.append(f"container {name} sets fuse_allreduce_rms itself; left alone (respectExplicitFusion)")
+            return []
+        if not plan.understood:
+            if plan.mentions_vllm:
+                warnings.append(f"container {name}: fusion not controlled: {plan.reason}")
+            return []
+    env = container.get("env") or []
+    own = [e for e in env if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER]
+    if own and not is_injected(own[0]) and policy.respect_explicit_fusion:
+        warnings.append(f"container {name} sets {contract.ENV_ALLREDUCE_USE_FLASHINFER} itself; kept")
+    base = ("spec", "containers", index)
+    ops: list[patches.Op] = []
+    for key, value in (("command", plan.command), ("args", plan.args)):
+        if value is not None:
+            ops.append({"op": "add", "path": patches.pointer(*base, key), "value": list(value)})
+    new_env = _fusion_env(list(env), plan, policy.respect_explicit_fusion)
+    if new_env != env:
+        ops.append({"op": "add", "path": patches.pointer(*base, "env"), "value": new_env})
     return ops
 
 
@@ -136,15 +221,22 @@ def plan_pod_create(
     warnings: list[str] = []
     ops: list[patches.Op] = []
     selected = 0
+    work = copy.deepcopy(dict(pod))
     for index, container in enumerate(spec.get("containers") or []):
         if not isinstance(container, Mapping):
             continue
         if not any(fnmatchcase(str(container.get("name", "")), g) for g in policy.containers):
             continue
         container_ops = _container_ops(policy, index, container, warnings)
-        if container_ops is not None:
-            selected += 1
-            ops += container_ops
+        if container_ops is None:
+            continue
+        selected += 1
+        patches.apply(work, container_ops)
+        if policy.mode == "Enforce":
+            fusion_ops = _fusion_ops(policy, index, work["spec"]["containers"][index], warnings)
+            patches.apply(work, fusion_ops)
+            container_ops += fusion_ops
+        ops += container_ops
     if not selected:
         warnings.append(f"policy {policy.name} matches this pod but selects none of its containers")
         return PodPlan(policy, warnings=warnings, pod=pod)
@@ -154,9 +246,12 @@ def plan_pod_create(
         warnings.append(f"multi-pod group: trtllm is invalid across pods; it gets {policy.fallback}")
     elif group.multi and policy.placement == "Anywhere" and policy.mode == "Enforce":
         warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
-    ops += _placement_ops(policy, pod, group.multi, warnings)
-    ops += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
-    after = patches.apply(copy.deepcopy(dict(pod)), ops)
+    if group.multi and "mnnvl" in policy.backends and not group.imex and policy.mode == "Enforce":
+        warnings.append("multi-pod group without an IMEX channel claim: no mnnvl, fusion off (see imexChannelClaims)")
+    rest = _placement_ops(policy, pod, group.multi, warnings)
+    rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
+    ops += rest
+    after = patches.apply(work, rest)  # ``work`` already holds the containers' ops
 
     node = spec.get("nodeName")
     if node:
@@ -167,13 +262,6 @@ def plan_pod_create(
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")
     else:
         decision = decide.pending(policy)
-    meta_ops = patches.set_map_entries(
-        after,
-        ("metadata", "annotations"),
-        {
-            contract.ANNOTATION_POD_BACKEND: decision.backend,
-            contract.ANNOTATION_POD_DECISION: decision.to_json(),
-        },
-    )
+    meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), decision.annotations())
     patches.apply(after, meta_ops)
     return PodPlan(policy, ops + meta_ops, warnings, decision, after)

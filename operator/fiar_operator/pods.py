@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
+from fiar_operator.commands import plan_command
 from fiar_operator.decide import GroupPlan, parse_decision
 from fiar_operator.policy import LWS_SIZE, Policy
 from fiar_operator.selectors import ANYWHERE, NodeConstraint, node_constraint
@@ -18,8 +20,19 @@ GENERATED_BASE_MAX: Final = 63 - GENERATED_SUFFIX
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
-FIELD_PATH: Final = f"metadata.annotations['{contract.ANNOTATION_POD_BACKEND}']"
+
+def field_path(annotation: str) -> str:
+    return f"metadata.annotations['{annotation}']"
+
+
+FIELD_PATH: Final = field_path(contract.ANNOTATION_POD_BACKEND)
 """Where the injected variable takes its value from (the binding copies the annotation onto the pod)."""
+INJECTED: Final = {
+    contract.ENV_VAR: contract.ANNOTATION_POD_BACKEND,
+    contract.ENV_FUSE_ALLREDUCE_RMS: contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS,
+    contract.ENV_ALLREDUCE_USE_FLASHINFER: contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
+}
+"""The env vars the pod webhook injects, each read from the pod annotation it names."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,16 @@ class PodRecord:
     """Container name -> RFC 3339 time the running container started."""
     containers: tuple[tuple[str, bool], ...] = ()
     """(name, sets the backend variable itself) of each container, in spec order."""
+    fuse: str | None = None
+    use_flashinfer: str | None = None
+    """The fiar.io/fuse-allreduce-rms and fiar.io/allreduce-use-flashinfer annotations."""
+    reads: frozenset[str] = frozenset()
+    """Annotations that an injected env var of a container reads."""
+    uncontrolled: tuple[str, ...] = ()
+    """Managed pods only: containers whose command fiar cannot make read the fusion decision (it does
+    not understand it) and that do not set the fusion themselves."""
+    imex_claims: frozenset[str] = frozenset()
+    """Names of the pod's resource claims that a container uses, with their template or claim names."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -129,18 +152,72 @@ def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
 
 
 def is_injected(entry: Mapping[str, Any]) -> bool:
-    """Whether an env entry is the one the pod webhook injects."""
+    """Whether an env entry is one the pod webhook injects (a fieldRef to the annotation of INJECTED)."""
     ref = entry.get("valueFrom")
     field_ref = ref.get("fieldRef") if isinstance(ref, Mapping) else None
+    annotation = INJECTED.get(str(entry.get("name")))
     return (
-        entry.get("name") == contract.ENV_VAR
+        annotation is not None
         and isinstance(field_ref, Mapping)
-        and field_ref.get("fieldPath") == FIELD_PATH
+        and field_ref.get("fieldPath") == field_path(annotation)
     )
 
 
-def pod_record(pod: Mapping[str, Any]) -> PodRecord:
-    """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record)."""
+def _reads(spec: Mapping[str, Any]) -> frozenset[str]:
+    found = set()
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else []:
+            env = container.get("env") if isinstance(container, Mapping) else None
+            for entry in env if isinstance(env, list) else []:
+                if isinstance(entry, Mapping) and is_injected(entry):
+                    found.add(INJECTED[str(entry["name"])])
+    return frozenset(found)
+
+
+def _uncontrolled(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    containers = spec.get("containers")
+    found = []
+    for container in containers if isinstance(containers, list) else []:
+        if not isinstance(container, Mapping):
+            continue
+        plan = plan_command(container)
+        if not plan.understood and not plan.explicit and plan.mentions_vllm:
+            found.append(str(container.get("name", "")))
+    return tuple(found)
+
+
+def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The pod's resource claims that some container uses: claim names and template or claim names."""
+    used = set()
+    for container in spec.get("containers") or []:
+        for claim in ((container.get("resources") or {}).get("claims") or []) if isinstance(container, Mapping) else []:
+            if isinstance(claim, Mapping) and claim.get("name"):
+                used.add(str(claim["name"]))
+    found = set()
+    for claim in spec.get("resourceClaims") or []:
+        if not isinstance(claim, Mapping) or str(claim.get("name")) not in used:
+            continue
+        found.add(str(claim["name"]))
+        for key in ("resourceClaimTemplateName", "resourceClaimName"):
+            if claim.get(key):
+                found.add(str(claim[key]))
+    return frozenset(found)
+
+
+def has_imex_claim(record: PodRecord, policy: Policy) -> bool:
+    """Whether the pod carries an IMEX channel claim by the policy's names (or the policy says the
+    channel is provided without one, e.g. by the device plugin's ``imex.channelIDs``)."""
+    if policy.imex_channel == "Provided":
+        return True
+    return any(fnmatchcase(name, glob) for name in record.imex_claims for glob in policy.imex_claims)
+
+
+def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
+    """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record).
+
+    ``commands=False`` leaves ``uncontrolled`` empty (the reconciler's records always read it; the
+    admission memo, which only answers bindings, need not parse commands)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -154,8 +231,10 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         constraint = node_constraint(spec)
         pinned = _pinned_backend(spec)
         clique_affinity = _clique_affinity(spec)
+        claims = _claims(spec)
     except (AttributeError, TypeError):
-        constraint, pinned, clique_affinity = ANYWHERE, False, frozenset()
+        constraint, pinned, clique_affinity, claims = ANYWHERE, False, frozenset(), frozenset()
+    managed = bool(labels.get(contract.LABEL_POD_POLICY))
     return PodRecord(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -175,6 +254,11 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         clique_affinity=clique_affinity,
         container_starts=_starts(status),
         containers=_containers(spec) if isinstance(spec, Mapping) else (),
+        fuse=annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS),
+        use_flashinfer=annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
+        reads=_reads(spec) if isinstance(spec, Mapping) else frozenset(),
+        uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
+        imex_claims=claims,
     )
 
 
@@ -187,7 +271,9 @@ def group_plan(record: PodRecord, policy: Policy) -> GroupPlan:
         return GroupPlan()
     key = record.labels.get(policy.group_key_label)
     pinned = record.pinned_backend and key is not None and (policy.group_key_label, key) in record.clique_affinity
-    return GroupPlan(multi=True, key=key, pinned=pinned, constraint=record.constraint)
+    return GroupPlan(
+        multi=True, key=key, pinned=pinned, constraint=record.constraint, imex=has_imex_claim(record, policy)
+    )
 
 
 def generated_base(name: str) -> str | None:

@@ -18,10 +18,17 @@ from fiar_operator.errors import PolicyError
 Placement = Literal["Anywhere", "VerifiedNodesOnly"]
 Mode = Literal["Enforce", "Audit"]
 MultiNode = Literal["Auto", "Always", "Never"]
+FusionControl = Literal["Enabled", "Disabled"]
+ImexChannel = Literal["Claim", "Provided"]
 
 PLACEMENTS: Final[tuple[Placement, ...]] = ("Anywhere", "VerifiedNodesOnly")
 MODES: Final[tuple[Mode, ...]] = ("Enforce", "Audit")
 MULTI_NODE: Final[tuple[MultiNode, ...]] = ("Auto", "Always", "Never")
+FUSION_CONTROLS: Final[tuple[FusionControl, ...]] = ("Enabled", "Disabled")
+IMEX_CHANNELS: Final[tuple[ImexChannel, ...]] = ("Claim", "Provided")
+DEFAULT_IMEX_CLAIMS: Final = ("mnnvl-claim", "*imex*", "*channel*", "*compute-domain*")
+"""Names (of a pod's resource claim, or of its template or claim) that stand for an IMEX channel claim:
+Grove's ``mnnvl-claim`` and the names the NVIDIA DRA driver's guides and the stacks' recipes use."""
 
 LWS_GROUP_KEY: Final = "leaderworkerset.sigs.k8s.io/group-key"
 """Label LeaderWorkerSet puts on every pod of one group (a unique hash per group)."""
@@ -46,6 +53,10 @@ class Policy:
     priority: int = 0
     multi_node: MultiNode = "Auto"
     group_key_label: str = LWS_GROUP_KEY
+    fusion_control: FusionControl = "Enabled"
+    respect_explicit_fusion: bool = True
+    imex_channel: ImexChannel = "Claim"
+    imex_claims: tuple[str, ...] = DEFAULT_IMEX_CLAIMS
     generation: int = 0
 
     def matches(self, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
@@ -84,6 +95,9 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
     group_key = spec.get("groupKeyLabel", LWS_GROUP_KEY)
     if not isinstance(group_key, str) or not group_key:
         raise PolicyError(f"{name}: spec.groupKeyLabel must be a label key")
+    imex_claims = spec.get("imexChannelClaims", list(DEFAULT_IMEX_CLAIMS))
+    if not isinstance(imex_claims, list) or not all(isinstance(c, str) and c for c in imex_claims):
+        raise PolicyError(f"{name}: spec.imexChannelClaims must be a list of claim-name globs")
     generation = meta.get("generation", 0)
     return Policy(
         name=name,
@@ -100,6 +114,10 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         priority=priority,
         multi_node=cast("MultiNode", _choice(spec, "multiNode", MULTI_NODE, "Auto")),
         group_key_label=group_key,
+        fusion_control=cast("FusionControl", _choice(spec, "fusionControl", FUSION_CONTROLS, "Enabled")),
+        respect_explicit_fusion=bool(spec.get("respectExplicitFusion", True)),
+        imex_channel=cast("ImexChannel", _choice(spec, "imexChannel", IMEX_CHANNELS, "Claim")),
+        imex_claims=tuple(imex_claims),
         generation=generation if isinstance(generation, int) else 0,
     )
 

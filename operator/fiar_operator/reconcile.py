@@ -60,6 +60,24 @@ def _group_break(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[str, 
     return None
 
 
+def _values(record: PodRecord, decision: decide.Decision | None = None) -> tuple[str | None, ...]:
+    """The annotation values the pod's containers read: from ``decision``, or as the pod has them now.
+
+    The backend always counts (a pod admitted before fiar controlled the fusion reads only that one)."""
+    wanted = decision.annotations() if decision is not None else None
+    current = {
+        contract.ANNOTATION_POD_BACKEND: record.backend,
+        contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: record.fuse,
+        contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: record.use_flashinfer,
+    }
+    keys = [contract.ANNOTATION_POD_BACKEND, *sorted(k for k in current if k in record.reads)]
+    return tuple((wanted or current).get(k) for k in dict.fromkeys(keys))
+
+
+def _fusion_of(record: PodRecord) -> str:
+    return "off" if record.fuse == contract.FUSE_ALLREDUCE_RMS["off"] else "on"
+
+
 def review_pod(
     record: PodRecord,
     policy: Policy,
@@ -75,12 +93,13 @@ def review_pod(
     fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
     broken = _group_break(members, nodes) if group.multi else None
     if broken is not None and fresh.backend == "mnnvl":
-        fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique")
+        fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique", fusion="off")
     current = record.backend
+    fresh = replace(fresh, previous=current, previous_fusion=_fusion_of(record))
+    same = _values(record, fresh) == _values(record)
     if _missed(record):
-        fresh = replace(fresh, previous=current)
         missed = "bound while the binding webhook was unavailable"
-        if fresh.backend == current:
+        if same:
             return Reannotation(
                 record, fresh, "Normal", "DecidedAfterBinding", f"{missed}; {current} confirmed on node {record.node}"
             )
@@ -89,37 +108,50 @@ def review_pod(
             fresh,
             "Warning",
             "DecidedAfterBinding",
-            f"{missed}: containers started with {current}; node {record.node} gives "
-            f"{fresh.backend} ({fresh.reason}), effective at the next container start",
+            f"{missed}: {_change(record, fresh)} on node {record.node} ({fresh.reason}), "
+            "effective at the next container start",
         )
-    if fresh.backend == current:
+    if same:
         return None
     facts = decide.node_facts(record.node, labels) if labels is not None else None
-    still_verified = facts is not None and current in decide.verified_for(policy, facts) and not group.multi
+    still_verified = (
+        facts is not None
+        and current in decide.verified_for(policy, facts)
+        and not group.multi
+        and _values(record, replace(fresh, backend=current, fusion="on")) == _values(record)
+    )
     if still_verified:
         return None
     own_node_kept_mnnvl = facts is not None and "mnnvl" in facts.verified and facts.clique is not None
-    if group.multi and fresh.backend != "mnnvl" and own_node_kept_mnnvl:
+    if group.multi and fresh.reason == "MultiNodeNoSharedClique" and own_node_kept_mnnvl:
         # This pod's own node still verifies mnnvl: the group around it changed.
         broken = broken or "a node its placement admits does not verify mnnvl in the clique of the others"
         name = f"multi-pod group {group.key}" if group.key else "the multi-pod group"
         return Reannotation(
             record,
-            replace(fresh, previous=current),
+            fresh,
             "Warning",
             "GroupInconsistent",
             f"{name} no longer verifies mnnvl in one NVLink clique ({broken}): "
-            f"backend {current} -> {fresh.backend} ({fresh.reason}), effective at the next container start",
+            f"{_change(record, fresh)} ({fresh.reason}), effective at the next container start",
         )
     verdict = facts.verdict if facts and facts.verdict else "unprobed"
     return Reannotation(
         record,
-        replace(fresh, previous=current),
+        fresh,
         "Warning",
         "NodeVerdictChanged",
-        f"node {record.node} verdict is now {verdict}: backend {current} -> {fresh.backend} "
-        f"({fresh.reason}), effective at the next container start",
+        f"node {record.node} verdict is now {verdict}: {_change(record, fresh)} ({fresh.reason}), "
+        "effective at the next container start",
     )
+
+
+def _change(record: PodRecord, decision: decide.Decision) -> str:
+    """``backend A -> B`` (and ``fusion on -> off`` for a pod whose command reads the fusion)."""
+    text = f"backend {record.backend} -> {decision.backend}"
+    if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads:
+        text += f", fusion {_fusion_of(record)} -> {decision.fusion}"
+    return text
 
 
 def is_stale(record: PodRecord) -> bool:
@@ -127,7 +159,7 @@ def is_stale(record: PodRecord) -> bool:
     doc = record.decision
     if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
         return False
-    if doc.get("previous") == doc.get("backend"):
+    if doc.get("previous") == doc.get("backend") and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion"):
         return False
     # Both times have one-second resolution; a start in the same second as the change counts as
     # before it, so a pod is never reported current while it may still run the old value.
@@ -154,6 +186,11 @@ def multi_node_warning(record: PodRecord, policy: Policy) -> str | None:
         why = "the policy does not allow mnnvl and trtllm is invalid across pods"
     elif reason == "MultiNodeNoSharedClique":
         why = "not every node the group may use verifies mnnvl in one NVLink clique"
+    elif reason == "MultiNodeNoImexChannel":
+        why = (
+            "its pods carry no IMEX channel claim (a ComputeDomain channel, device class "
+            f"{contract.IMEX_CHANNEL_DEVICE_CLASS}), which mnnvl across pods needs"
+        )
     elif reason == "NotProbed":
         why = f"node {node} has no verdict yet (never probed by the fiar agent)"
     elif reason == "NodeUnknown":
@@ -161,7 +198,30 @@ def multi_node_warning(record: PodRecord, policy: Policy) -> str | None:
     else:
         why = f"node {node} does not verify mnnvl (verdict {doc.get('nodeVerdict') or 'unprobed'})"
     group = f"multi-pod group {doc['group']}" if doc.get("group") else "multi-pod group"
-    return f"{group}: {why}; it runs with {doc.get('backend')}"
+    runs = f"{doc.get('backend')}, fusion {doc['fusion']}" if doc.get("fusion") else doc.get("backend")
+    return f"{group}: {why}; it runs with {runs}"
+
+
+def uncontrolled_containers(record: PodRecord, policy: Policy) -> list[str]:
+    """The containers of a managed pod whose fusion the policy should control but fiar cannot: their
+    command is not one it understands (see ``commands``)."""
+    if policy.fusion_control != "Enabled" or policy.mode != "Enforce" or record.policy != policy.name:
+        return []
+    explicit = {name for name, own in record.containers if own and policy.respect_explicit_env}
+    return [
+        name
+        for name in record.uncontrolled
+        if name not in explicit and any(fnmatchcase(name, glob) for glob in policy.containers)
+    ]
+
+
+def uncontrolled_message(record: PodRecord, names: Sequence[str]) -> str:
+    return (
+        f"fiar cannot switch vLLM's FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
+        f"is not one it understands, so it is left as it is; on nodes without a verified backend they run with "
+        f"{contract.ENV_VAR}={record.backend} only. Use exec form 'vllm serve ...' or put "
+        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command"
+    )
 
 
 # -- pods the pod webhook never saw ----------------------------------------------------------------
@@ -255,15 +315,27 @@ def policy_status(
         counts[facts.verdict or "unprobed"] += 1
         if decide.verified_for(policy, facts):
             counts["verified"] += 1
-    outcome = {"decided": 0, "fallback": 0, "pending": 0, "stale": 0, "unconfigured": len(unconfigured)}
+    outcome = {
+        "decided": 0,
+        "fallback": 0,
+        "pending": 0,
+        "stale": 0,
+        "unconfigured": len(unconfigured),
+        "fusionOff": 0,
+        "fusionUncontrolled": 0,
+    }
     for pod in pods:
         if not pod.active or pod.policy != policy.name:
             continue
+        if uncontrolled_containers(pod, policy):
+            outcome["fusionUncontrolled"] += 1
         if pod.node is None:
             outcome["pending"] += 1
             continue
         reason = (pod.decision or {}).get("reason")
         outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
+        if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off":
+            outcome["fusionOff"] += 1
         if is_stale(pod):
             outcome["stale"] += 1
     old_conditions = list((previous or {}).get("conditions") or [])

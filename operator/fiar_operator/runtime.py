@@ -173,10 +173,7 @@ class Runtime:
                     record.namespace,
                     record.name,
                     record.uid,
-                    {
-                        contract.ANNOTATION_POD_BACKEND: action.decision.backend,
-                        contract.ANNOTATION_POD_DECISION: action.decision.to_json(),
-                    },
+                    action.decision.annotations(),
                 )
             except ApiError as exc:
                 log.warning("pod %s/%s not re-annotated: %s", record.namespace, record.name, exc)
@@ -189,6 +186,11 @@ class Runtime:
         if warning and (record.uid, "MultiNodeFallback") not in self._warned:
             self._warned.add((record.uid, "MultiNodeFallback"))
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
+        uncontrolled = reconcile.uncontrolled_containers(record, policy)
+        if uncontrolled and (record.uid, "FusionNotControlled") not in self._warned:
+            self._warned.add((record.uid, "FusionNotControlled"))
+            message = reconcile.uncontrolled_message(record, uncontrolled)
+            events.append(Event(pod_ref(record), "Warning", "FusionNotControlled", message))
         return events
 
     def _housekeeping(self) -> list[Event]:
@@ -206,6 +208,7 @@ class Runtime:
             key, uid = (str(meta.get("namespace")), str(meta.get("name"))), str(meta.get("uid") or "")
             self.store.delete_pod(*key, uid)
             self._warned.discard((uid, "MultiNodeFallback"))
+            self._warned.discard((uid, "FusionNotControlled"))
             if (meta.get("labels") or {}).get(contract.LABEL_POD_POLICY):
                 self.status.mark(str(meta["labels"][contract.LABEL_POD_POLICY]))
             self.unconfigured.pod_deleted(key, uid)

@@ -164,6 +164,7 @@ def test_binding_of_a_pod_admitted_here_is_decided_from_memory(admission: Admiss
     decision = json.loads(annotations[contract.ANNOTATION_POD_DECISION])
     assert decision == {
         "backend": "mnnvl",
+        "fusion": "on",
         "node": "gpu-a",
         "nodeVerdict": "mnnvl",
         "policy": "vllm",

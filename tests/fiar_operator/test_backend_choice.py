@@ -39,7 +39,8 @@ def node(verdict: str | None, trtllm: str | None = None, clique: str | None = No
         (node("mnnvl"), ["trtllm"], ("auto", "NotVerified")),
         (node("mnnvl", trtllm="pass"), ["trtllm"], ("trtllm", "Verified")),
         (node("mnnvl", trtllm="pass"), ["trtllm", "mnnvl"], ("trtllm", "Verified")),
-        (node("trtllm"), ["mnnvl"], ("auto", "NotVerified")),
+        (node("trtllm"), ["mnnvl"], ("trtllm", "NotVerified")),
+        (node("none", trtllm="pass"), ["mnnvl", "trtllm"], ("trtllm", "NotVerified")),
     ],
     ids=[
         "mnnvl",
@@ -50,7 +51,8 @@ def node(verdict: str | None, trtllm: str | None = None, clique: str | None = No
         "mnnvl-only-not-trtllm",
         "mnnvl-and-trtllm-pass",
         "preference-order",
-        "trtllm-node-mnnvl-policy",
+        "trtllm-node-mnnvl-policy-gets-trtllm-that-runs",
+        "none-with-trtllm-pass-gets-trtllm-that-runs",
     ],
 )
 def test_pod_gets_first_allowed_backend_its_node_verified(
@@ -70,6 +72,7 @@ def test_decision_annotation_names_node_verdict_policy_and_reason() -> None:
     doc = json.loads(decision.to_json())
     assert doc == {
         "backend": "trtllm",
+        "fusion": "on",
         "node": "gpu-1",
         "nodeVerdict": "trtllm",
         "policy": "p",
@@ -95,8 +98,8 @@ def test_clique_label_is_read() -> None:
     assert node_facts("n", node("mnnvl")).clique is None
 
 
-def group(pinned: bool = False, spec: dict[str, Any] | None = None) -> GroupPlan:
-    return GroupPlan(multi=True, key="g1", pinned=pinned, constraint=node_constraint(spec or {}))
+def group(pinned: bool = False, spec: dict[str, Any] | None = None, imex: bool = True) -> GroupPlan:
+    return GroupPlan(multi=True, key="g1", pinned=pinned, constraint=node_constraint(spec or {}), imex=imex)
 
 
 def test_group_never_gets_trtllm_across_pods() -> None:

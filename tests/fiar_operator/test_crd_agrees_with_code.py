@@ -11,7 +11,17 @@ import yaml
 
 import fiar_contract as contract
 from fiar_operator import crd
-from fiar_operator.policy import DEFAULT_BACKENDS, LWS_GROUP_KEY, MODES, MULTI_NODE, PLACEMENTS, parse_policy
+from fiar_operator.policy import (
+    DEFAULT_BACKENDS,
+    DEFAULT_IMEX_CLAIMS,
+    FUSION_CONTROLS,
+    IMEX_CHANNELS,
+    LWS_GROUP_KEY,
+    MODES,
+    MULTI_NODE,
+    PLACEMENTS,
+    parse_policy,
+)
 
 
 def spec_schema() -> dict[str, Any]:
@@ -41,6 +51,8 @@ def test_enums_match_the_code() -> None:
     assert tuple(props["placement"]["enum"]) == PLACEMENTS
     assert tuple(props["mode"]["enum"]) == MODES
     assert tuple(props["multiNode"]["enum"]) == MULTI_NODE
+    assert tuple(props["fusionControl"]["enum"]) == FUSION_CONTROLS
+    assert tuple(props["imexChannel"]["enum"]) == IMEX_CHANNELS
 
 
 def test_schema_defaults_read_like_code_defaults() -> None:
@@ -51,6 +63,8 @@ def test_schema_defaults_read_like_code_defaults() -> None:
     assert from_schema == from_code
     assert tuple(props["backends"]["default"]) == DEFAULT_BACKENDS
     assert props["groupKeyLabel"]["default"] == LWS_GROUP_KEY
+    assert tuple(props["imexChannelClaims"]["default"]) == DEFAULT_IMEX_CLAIMS
+    assert props["fusionControl"]["default"] == "Enabled" and props["respectExplicitFusion"]["default"] is True
 
 
 def test_printer_columns_show_mode_backends_node_verdicts_and_pod_outcomes() -> None:
@@ -63,6 +77,8 @@ def test_printer_columns_show_mode_backends_node_verdicts_and_pod_outcomes() -> 
         ".status.pods.fallback",
         ".status.pods.stale",
     }
+    assert columns["Fusion-Off"] == ".status.pods.fusionOff"
+    assert columns["Fusion-Uncontrolled"] == ".status.pods.fusionUncontrolled"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 

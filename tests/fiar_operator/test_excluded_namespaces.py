@@ -47,7 +47,7 @@ def bound_pod(namespace: str) -> dict[str, Any]:
                 contract.ANNOTATION_POD_DECISION: pending.to_json(),
             },
         },
-        "spec": {"nodeName": "gpu-1", "containers": [{"name": "vllm"}]},
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
         "status": {"phase": "Running"},
     }
 

@@ -42,6 +42,9 @@ INVALID = [
         "needs mnnvl in spec.backends",
     ),
     ({"podSelector": SELECTOR, "groupKeyLabel": "not a label"}, "groupKeyLabel must be a label key"),
+    ({"podSelector": SELECTOR, "fusionControl": "Off"}, 'spec.fusionControl: Unsupported value: "Off"'),
+    ({"podSelector": SELECTOR, "imexChannelClaims": []}, "must name at least one claim"),
+    ({"podSelector": SELECTOR, "imexChannel": "Maybe"}, 'spec.imexChannel: Unsupported value: "Maybe"'),
 ]
 
 
@@ -85,6 +88,10 @@ def test_valid_policy_is_stored_with_defaults(crd_c: Any, unique: str) -> None:
             "priority": 0,
             "multiNode": "Auto",
             "groupKeyLabel": "leaderworkerset.sigs.k8s.io/group-key",
+            "fusionControl": "Enabled",
+            "respectExplicitFusion": True,
+            "imexChannel": "Claim",
+            "imexChannelClaims": ["mnnvl-claim", "*imex*", "*channel*", "*compute-domain*"],
         }
         by_short_name = client.call("GET", kube.POLICIES)
         assert any(p["metadata"]["name"] == f"good-{unique}" for p in by_short_name["items"])

@@ -26,7 +26,7 @@ def test_group_is_kept_in_one_clique_and_gets_mnnvl(kit: Any, namespace: str) ->
     kit.node(f"b1-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique_b})
     kit.node(f"b2-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique_b})
     kit.node(f"t1-{kit.unique}", "trtllm", **{contract.LABEL_CLIQUE: clique_a})
-    kit.policy(f"group-{kit.unique}", namespace, placement="VerifiedNodesOnly")
+    kit.policy(f"group-{kit.unique}", namespace, placement="VerifiedNodesOnly", imexChannel="Provided")
     created = lws_pod(kit, namespace, "lws-0", "g1")
     assert (
         created["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"]

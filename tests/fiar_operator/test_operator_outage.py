@@ -105,7 +105,15 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
         return status if (status.get("pods") or {}).get("stale") == 3 else None
 
     status = kit.wait(reported, 30, "stale pods reported in the policy status")
-    assert status["pods"] == {"decided": 3, "fallback": 0, "pending": 0, "stale": 3, "unconfigured": 1}
+    assert status["pods"] == {
+        "decided": 3,
+        "fallback": 0,
+        "pending": 0,
+        "stale": 3,
+        "unconfigured": 1,
+        "fusionOff": 0,
+        "fusionUncontrolled": 0,
+    }
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 1}
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "NoVerifiedNodes": "False", "UnconfiguredPods": "True"}

@@ -59,8 +59,7 @@ def test_selected_container_reads_backend_from_annotation_set_to_fallback() -> N
     assert out["metadata"]["labels"][contract.LABEL_POD_POLICY] == "vllm"
     assert out["metadata"]["annotations"][BACKEND_KEY] == "trtllm"
     assert json.loads(out["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])["reason"] == "Pending"
-    (entry,) = env_of(out)
-    assert entry["name"] == contract.ENV_VAR
+    (entry,) = [e for e in env_of(out) if e["name"] == contract.ENV_VAR]
     assert entry["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH == "metadata.annotations['fiar.io/backend']"
 
 
@@ -138,6 +137,7 @@ def test_pod_created_with_node_name_is_decided_at_once() -> None:
     decision = json.loads(out["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
     assert decision == {
         "backend": "trtllm",
+        "fusion": "on",
         "node": "gpu-7",
         "nodeVerdict": "trtllm",
         "policy": "vllm",

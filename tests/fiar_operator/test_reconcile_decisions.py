@@ -231,7 +231,15 @@ def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
     ]
     status = policy_status(policy(), nodes, pods, None, NOW)
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 1, "none": 1, "unprobed": 1, "verified": 2}
-    assert status["pods"] == {"decided": 2, "fallback": 1, "pending": 1, "stale": 1, "unconfigured": 0}
+    assert status["pods"] == {
+        "decided": 2,
+        "fallback": 1,
+        "pending": 1,
+        "stale": 1,
+        "unconfigured": 0,
+        "fusionOff": 0,
+        "fusionUncontrolled": 0,
+    }
     assert status["observedGeneration"] == 2
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "True"

@@ -60,12 +60,16 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         rows = {line.split()[0]: line.split() for line in demo.stdout.splitlines()
-                if line and line.split()[0] in {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink"}}
-        # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND REASON
+                if line and line.split()[0] in {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink",
+                                                 "h200nvl-bridge-null-multicast"}}
+        # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND FUSION REASON
         assert rows["h200x2-host"][2:6] == ["disabled", "skipped", "pass", "trtllm"]
-        assert rows["h200x2-host"][7:] == ["trtllm", "Verified"]
-        assert rows["h100x8-nvswitch-healthy"][5] == "mnnvl" and rows["h100x8-nvswitch-healthy"][7] == "mnnvl"
-        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7] == "auto"
+        assert rows["h200x2-host"][7:] == ["trtllm", "on", "Verified"]
+        assert rows["h100x8-nvswitch-healthy"][5] == "mnnvl" and rows["h100x8-nvswitch-healthy"][7:9] == ["mnnvl", "on"]
+        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7:9] == ["auto", "off"]
+        # the NVL-bridge board: trtllm passed but is slower than NCCL -> fusion off, trtllm (never auto)
+        assert rows["h200nvl-bridge-null-multicast"][5] == "none"
+        assert rows["h200nvl-bridge-null-multicast"][7:] == ["trtllm", "off", "NotVerified"]
         pids = _pids(tmp_path)
         assert len(pids) >= 5 + 2 + 1  # plane, at least two agents, the operator
         for name in ("fiar-operator", "agent-h200x2-host"):

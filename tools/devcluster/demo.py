@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "node_agent" / "fixtures"
 BIN = Path(sys.executable).parent
 NAMESPACE = "inference"
+FUSION = {"false": "off", "null": "on"}
+"""fiar.io/fuse-allreduce-rms as the container reads it: off, or on (the container's own setting)."""
 LABEL_COLUMNS = ("fiar.io/gpus", "fiar.io/multicast", "fiar.io/mnnvl", "fiar.io/trtllm", "fiar.io/backend")
 
 
@@ -141,7 +143,8 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
                 {
                     "name": "vllm",
                     "image": "vllm/vllm-openai:latest",
-                    "args": ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
+                    # The image's entrypoint is `vllm serve`: fiar appends the fusion flag to these args.
+                    "args": ["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
                 }
             ],
@@ -200,7 +203,7 @@ def table(plane: ControlPlane) -> str:
         core = client.CoreV1Api(api)
         nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
         pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=vllm").items
-    rows = [("NODE", "GPUS", "MULTICAST", "MNNVL", "TRTLLM", "VERDICT", "POD", "POD BACKEND", "REASON")]
+    rows = [("NODE", "GPUS", "MULTICAST", "MNNVL", "TRTLLM", "VERDICT", "POD", "POD BACKEND", "FUSION", "REASON")]
     for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
         labels = nodes.get(pod.spec.node_name, {})
         decision = json.loads((pod.metadata.annotations or {}).get("fiar.io/decision", "{}"))
@@ -210,6 +213,7 @@ def table(plane: ControlPlane) -> str:
                 *(labels.get(k, "-") for k in LABEL_COLUMNS),
                 pod.metadata.name,
                 (pod.metadata.annotations or {}).get("fiar.io/backend", "-"),
+                FUSION.get((pod.metadata.annotations or {}).get("fiar.io/fuse-allreduce-rms", ""), "-"),
                 str(decision.get("reason", "-")),
             )
         )
@@ -236,8 +240,9 @@ def run(plane: ControlPlane) -> None:
     print()
     print(table(plane))
     print()
-    print("Nodes with verdict none keep the policy's fallbackBackend (auto: vLLM's own guess). On such nodes")
-    print("that guess is what crashes; `placement: VerifiedNodesOnly` keeps the pods off them instead.")
+    print("Nodes with verdict none verify no backend: their pods run with vLLM's FlashInfer allreduce fusion off")
+    print("(where vLLM's own guess crashes or crawls), and with trtllm where the node's trtllm test passed, so a")
+    print("container whose command fiar cannot change still runs. `placement: VerifiedNodesOnly` keeps pods off them.")
     print()
     kubectl = build.binary_path("kubectl")
     print(f"export KUBECONFIG={plane.kubeconfig}")
@@ -245,7 +250,8 @@ def run(plane: ControlPlane) -> None:
     print(f"{kubectl} get fiarp -o wide")
     print(
         f"{kubectl} -n {NAMESPACE} get pods -o custom-columns="
-        "POD:.metadata.name,NODE:.spec.nodeName,BACKEND:.metadata.annotations.fiar\\.io/backend"
+        "POD:.metadata.name,NODE:.spec.nodeName,BACKEND:.metadata.annotations.fiar\\.io/backend,"
+        "FUSE_ALLREDUCE_RMS:.metadata.annotations.fiar\\.io/fuse-allreduce-rms"
     )
     print(f"{kubectl} annotate node <node> fiar.io/reprobe=now   # ask an agent for a new probe")
     devcluster = f"PYTHONPATH=tools {sys.executable} -m devcluster --dir {plane.workdir}"

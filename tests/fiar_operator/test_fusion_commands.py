@@ -1,0 +1,369 @@
+"""The pod webhook makes each vLLM command form read the fusion decision: after the kubelet's
+``$(VAR)`` expansion, every argument is non-empty, the fusion is off or the container's own, the
+user's compilation config is kept, re-running the mutation changes nothing, and a command fiar does
+not understand is left exactly as it was. (bench/vllm_parser_check.py runs the same containers
+through vLLM's own parser.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from fiar_operator import patches
+from fiar_operator.commands import DOTTED_FLAG, container_process, expand, plan_command
+from fiar_operator.decide import Decision
+from fiar_operator.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.pods import pod_record
+from fiar_operator.policy import Policy, parse_policy
+
+USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}, "note": "ünï ${HOME} $x"}
+
+FORMS: dict[str, dict[str, Any]] = {
+    "production-stack": {
+        "name": "vllm",
+        "image": "lmcache/vllm-openai:latest",
+        "command": ["/opt/venv/bin/vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "8000", "-O3"],
+        "args": ["--tensor-parallel-size", "2"],
+    },
+    "kserve-vllmserver": {
+        "name": "kserve-container",
+        "image": "kserve/vllmserver:latest",
+        "command": ["python", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": ["--port=8080", "--served-model-name=m", "--model=/mnt/models"],
+    },
+    "image-entrypoint": {
+        "name": "vllm",
+        "image": "docker.io/vllm/vllm-openai:v0.33.0",
+        "args": ["--model", "m", "--tensor-parallel-size", "8"],
+    },
+    "llmisvc-additional-args": {
+        "name": "main",
+        "image": "ghcr.io/llm-d/llm-d:v0.4",
+        "command": [
+            "/bin/bash",
+            "-c",
+            'eval "exec vllm serve /mnt/models --port 8000 ${VLLM_ADDITIONAL_ARGS} $@"',
+            "--",
+        ],
+        "args": ["--max-model-len=4096"],
+        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
+    },
+    "lws-shell-placeholder": {
+        "name": "vllm-leader",
+        "image": "vllm/vllm-openai:latest",
+        "command": ["sh", "-c", "vllm serve m --tensor-parallel-size 8 $(FIAR_VLLM_ARGS) && sleep 1"],
+    },
+    "user-json": {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:latest",
+        "command": ["vllm", "serve", "m", "--compilation-config", json.dumps(USER_JSON), "--port", "8000"],
+    },
+    "user-json-inline-in-args": {
+        "name": "kserve-container",
+        "image": "kserve/vllmserver:latest",
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": ["--model=/mnt/models", f"--compilation_config={json.dumps(USER_JSON)}"],
+    },
+    "user-dotted": {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:latest",
+        "command": [
+            "vllm",
+            "serve",
+            "m",
+            "-cc.cudagraph_mode=FULL",
+            "--compilation-config.max_cudagraph_capture_size",
+            "64",
+        ],
+    },
+    "user-json-in-shell-placeholder": {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:latest",
+        "command": ["/bin/sh", "-c"],
+        "args": [
+            "exec vllm serve m --compilation-config "
+            """'{"pass_config":{"fuse_allreduce_rms":$(FIAR_FUSE_ALLREDUCE_RMS)},"cudagraph_mode":"FULL"}'"""
+        ],
+    },
+}
+
+USER_SETTINGS: dict[str, dict[str, Any]] = {
+    "user-json": USER_JSON,
+    "user-json-inline-in-args": USER_JSON,
+    "user-dotted": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 64},
+}
+
+
+def policy(**spec: Any) -> Policy:
+    return parse_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, **spec}})
+
+
+def pod(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "vllm-", "namespace": "ml"},
+        "spec": {"containers": [copy.deepcopy(container)]},
+    }
+
+
+def mutated(source: dict[str, Any], chosen: Policy | None = None) -> tuple[dict[str, Any], list[str]]:
+    plan = plan_pod_create(source, chosen or policy(), {})
+    out: dict[str, Any] = patches.apply(copy.deepcopy(source), plan.ops)
+    assert out == plan.pod
+    return out, plan.warnings
+
+
+def bound(out: dict[str, Any], fusion: str, backend: str = "trtllm") -> dict[str, Any]:
+    """The pod after its binding: the annotations the binding webhook writes for a decision."""
+    decision = Decision(backend, "Verified" if fusion == "on" else "NotVerified", "vllm", fusion=fusion)  # type: ignore[arg-type]
+    result = copy.deepcopy(out)
+    result["metadata"]["annotations"].update(decision.annotations())
+    return result
+
+
+def vllm_tokens(argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The arguments vLLM's parser sees: the exec argv, or the words of a shell string after 'vllm serve'
+    (with ${VLLM_ADDITIONAL_ARGS} and $@ as the shell expands them)."""
+    if argv[:1] and argv[0].endswith("sh") and argv[1:2] == ["-c"]:
+        script = argv[2].split("eval ")[-1].strip('"').split("&&")[0]
+        script = script.replace("${VLLM_ADDITIONAL_ARGS}", (env or {}).get("VLLM_ADDITIONAL_ARGS", ""))
+        words = shlex.split(script.replace("$@", ""))
+        return words[words.index("serve") + 1 :] + argv[4:]
+    return argv
+
+
+def effective_compilation_config(tokens: list[str]) -> dict[str, Any]:
+    """What vLLM's FlexibleArgumentParser ends with for --compilation-config (argparse_utils.py, 0.25-0.33):
+    dotted -cc.* values merge into one JSON appended last, which replaces a JSON --compilation-config."""
+    config: dict[str, Any] = {}
+    dotted: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        name, eq, value = tokens[i].partition("=")
+        name = name.replace("_", "-") if name.startswith("--") and "." not in name else name
+        if name in ("--compilation-config", "-cc"):
+            if not eq:
+                i += 1
+                value = tokens[i]
+            config = json.loads(value)
+        elif name.startswith(("-cc.", "--compilation-config.")):
+            if not eq:
+                i += 1
+                value = tokens[i]
+            *path, last = name.split(".", 1)[1].split(".")
+            node = dotted
+            for key in path:
+                node = node.setdefault(key, {})
+            try:
+                node[last] = json.loads(value)
+            except ValueError:
+                node[last] = value
+        i += 1
+    return dotted if dotted else config
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("fusion", ["on", "off"])
+def test_every_form_reads_the_fusion_after_the_kubelets_expansion(form: str, fusion: str) -> None:
+    out, _warnings = mutated(pod(FORMS[form]))
+    argv, env = container_process(bound(out, fusion), out["spec"]["containers"][0])
+    assert all(argv), f"an empty argument in {argv}"
+    assert not any("$(FIAR" in token for token in argv), "every reference is expanded"
+    assert env[contract.ENV_VAR] == "trtllm"
+    assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == {"on": "1", "off": "0"}[fusion]
+    config = effective_compilation_config(vllm_tokens(argv, env))
+    assert config["pass_config"]["fuse_allreduce_rms"] is {"on": None, "off": False}[fusion]
+    for key, value in USER_SETTINGS.get(form, {}).items():
+        if key == "pass_config":
+            assert config["pass_config"] == {**value, "fuse_allreduce_rms": config["pass_config"]["fuse_allreduce_rms"]}
+        else:
+            assert config[key] == value, f"the user's {key} survives"
+    if form == "production-stack":
+        assert "-O3" in argv and argv[:3] == ["/opt/venv/bin/vllm", "serve", "meta-llama/Llama-3.1-8B"]
+    if form == "llmisvc-additional-args":
+        assert env["VLLM_ADDITIONAL_ARGS"].startswith("--enable-prefix-caching -cc.pass_config.")
+        assert argv == FORMS[form]["command"] + FORMS[form]["args"], "the script and its args are unchanged"
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_rerunning_the_mutation_on_its_output_changes_nothing(form: str) -> None:
+    out, _warnings = mutated(pod(FORMS[form]))
+    again = plan_pod_create(out, policy(), {})
+    assert again.ops == [] and again.managed
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_annotations_are_written_with_the_safe_default_at_create(form: str) -> None:
+    out, _warnings = mutated(pod(FORMS[form]))
+    notes = out["metadata"]["annotations"]
+    assert notes[contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS] == "false"
+    assert notes[contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER] == "0"
+    argv, env = container_process(out, out["spec"]["containers"][0])
+    assert effective_compilation_config(vllm_tokens(argv, env))["pass_config"]["fuse_allreduce_rms"] is False
+
+
+def test_exec_token_never_expands_to_an_empty_argument_even_without_the_annotation() -> None:
+    out, _warnings = mutated(pod(FORMS["production-stack"]))
+    del out["metadata"]["annotations"][contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS]
+    argv, _env = container_process(out, out["spec"]["containers"][0])
+    assert all(argv) and argv[-1] == "-cc.pass_config.fuse_allreduce_rms="
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m --port 8000"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--config", "/etc/v.yaml"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--compilation", "{}"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "-cc", "3"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "-cc", "{not json"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--compilation-config"]},
+        {"name": "vllm", "image": "my/vllm-server:1", "args": ["--model", "m"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["/entrypoint.sh"], "args": ["serve"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m", "--", "x"]},
+        {"name": "vllm", "image": "vllm/vllm-openai", "command": "vllm serve m"},
+    ],
+    ids=[
+        "shell-without-placeholder",
+        "config-file",
+        "abbreviated-flag",
+        "json-not-an-object",
+        "json-broken",
+        "flag-without-value",
+        "args-only-unknown-image",
+        "wrapper-script",
+        "double-dash",
+        "command-not-a-list",
+    ],
+)
+def test_a_command_fiar_does_not_understand_is_left_exactly_as_it_was(container: dict[str, Any]) -> None:
+    out, warnings = mutated(pod(container))
+    changed = out["spec"]["containers"][0]
+    env = changed.pop("env", [])
+    assert changed == container, "command, args and everything else unchanged"
+    assert [e["name"] for e in env] == [contract.ENV_VAR], "only the backend variable, as before"
+    assert any("fusion not controlled" in w for w in warnings)
+    assert not plan_command(container).understood
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "vllm", "command": ["vllm", "serve", "m", "-cc.pass_config.fuse_allreduce_rms=true"]},
+        {"name": "vllm", "command": ["vllm", "serve", "m", "-cc", '{"pass_config":{"fuse_allreduce_rms":true}}']},
+        {"name": "vllm", "command": ["vllm", "serve", "m", '-cc.pass_config={"fuse_allreduce_rms":true}']},
+    ],
+    ids=["dotted", "json", "dotted-pass-config"],
+)
+def test_a_users_own_fusion_setting_is_kept_under_respect_explicit_fusion(container: dict[str, Any]) -> None:
+    out, warnings = mutated(pod(container))
+    changed = out["spec"]["containers"][0]
+    assert changed["command"] == container["command"] and "args" not in changed
+    assert [e["name"] for e in changed["env"]] == [contract.ENV_VAR]
+    assert any("respectExplicitFusion" in w for w in warnings)
+    overridden, _warnings = mutated(pod(container), policy(respectExplicitFusion=False))
+    argv, _env = container_process(bound(overridden, "off"), overridden["spec"]["containers"][0])
+    assert effective_compilation_config(argv)["pass_config"]["fuse_allreduce_rms"] is False
+
+
+def test_a_users_own_standalone_allreduce_setting_is_kept_unless_told_otherwise() -> None:
+    container = {**FORMS["production-stack"], "env": [{"name": contract.ENV_ALLREDUCE_USE_FLASHINFER, "value": "1"}]}
+    out, _warnings = mutated(pod(container))
+    _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
+    assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == "1"
+    out, _warnings = mutated(pod(container), policy(respectExplicitFusion=False))
+    _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
+    assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
+
+
+def test_fusion_control_disabled_changes_no_command_but_feeds_a_placeholder() -> None:
+    out, _warnings = mutated(pod(FORMS["production-stack"]), policy(fusionControl="Disabled"))
+    assert out["spec"]["containers"][0]["command"] == FORMS["production-stack"]["command"]
+    assert "args" in out["spec"]["containers"][0] and out["spec"]["containers"][0]["args"] == [
+        "--tensor-parallel-size",
+        "2",
+    ]
+    out, _warnings = mutated(pod(FORMS["lws-shell-placeholder"]), policy(fusionControl="Disabled"))
+    argv, _env = container_process(out, out["spec"]["containers"][0])
+    assert "-cc.pass_config.fuse_allreduce_rms=null" in argv[2]
+
+
+def test_audit_changes_no_command() -> None:
+    out, _warnings = mutated(pod(FORMS["production-stack"]), policy(mode="Audit"))
+    assert out["spec"]["containers"][0] == FORMS["production-stack"]
+
+
+def test_a_later_variable_may_refer_to_fiars_variables() -> None:
+    container = {
+        **FORMS["lws-shell-placeholder"],
+        "env": [{"name": "EXTRA", "value": "--enforce-eager $(FIAR_VLLM_ARGS)"}],
+    }
+    out, _warnings = mutated(pod(container))
+    _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
+    assert env["EXTRA"] == "--enforce-eager -cc.pass_config.fuse_allreduce_rms=false"
+
+
+def test_a_pod_copied_with_fiars_variables_but_no_policy_gets_vllms_defaults() -> None:
+    out, _warnings = mutated(pod(FORMS["production-stack"]))
+    copied = copy.deepcopy(out)
+    copied["metadata"] = {"name": "copy", "namespace": "ml"}
+    ops = default_backend_ops(copied)
+    notes = patches.apply(copied, ops)["metadata"]["annotations"]
+    assert notes == {
+        contract.ANNOTATION_POD_BACKEND: "auto",
+        contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "null",
+        contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "1",
+    }
+
+
+def test_kubelet_expansion_rules() -> None:
+    env = {"A": "x", "EMPTY": ""}
+    assert expand("$(A)-$(EMPTY)-$(MISSING)-$$(A)-$(A", env) == "x--$(MISSING)-$(A)-$(A"
+    assert DOTTED_FLAG == "-cc.pass_config.fuse_allreduce_rms=$(FIAR_FUSE_ALLREDUCE_RMS)"
+
+
+def test_a_multi_pod_group_without_an_imex_channel_claim_is_warned_at_create() -> None:
+    source = pod(FORMS["production-stack"])
+    source["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/group-key": "g"}
+    source["metadata"]["annotations"] = {"leaderworkerset.sigs.k8s.io/size": "2"}
+    _out, warnings = mutated(source)
+    assert any("IMEX channel claim" in w for w in warnings)
+    source["spec"]["resourceClaims"] = [{"name": "mnnvl-claim", "resourceClaimTemplateName": "cd-0"}]
+    source["spec"]["containers"][0]["resources"] = {"claims": [{"name": "mnnvl-claim"}]}
+    _out, warnings = mutated(source)
+    assert not any("IMEX channel claim" in w for w in warnings)
+
+
+def test_overriding_a_users_standalone_setting_leaves_no_duplicate_behind() -> None:
+    own = {"name": contract.ENV_ALLREDUCE_USE_FLASHINFER, "value": "1"}
+    container = {**FORMS["production-stack"], "env": [own, {"name": "A", "value": "x"}, own]}
+    out, _warnings = mutated(pod(container), policy(respectExplicitFusion=False))
+    names = [e["name"] for e in out["spec"]["containers"][0]["env"]]
+    assert names.count(contract.ENV_ALLREDUCE_USE_FLASHINFER) == 1
+    _argv, env = container_process(bound(out, "off"), out["spec"]["containers"][0])
+    assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
+    assert plan_pod_create(out, policy(respectExplicitFusion=False), {}).ops == []
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "istio-proxy", "image": "istio/proxyv2:1.24", "args": ["proxy", "sidecar"]},
+        {"name": "vllm-worker", "image": "rayproject/ray:2.40", "command": ["sh", "-c", "ray start --block"]},
+    ],
+    ids=["sidecar", "ray-worker"],
+)
+def test_a_container_that_names_vllm_nowhere_is_neither_changed_nor_reported(container: dict[str, Any]) -> None:
+    out, warnings = mutated(pod(container))
+    changed = out["spec"]["containers"][0]
+    assert {k: v for k, v in changed.items() if k != "env"} == container
+    assert not any("fusion not controlled" in w for w in warnings)
+    assert pod_record(out).uncontrolled == ()
+    shell = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m"]}
+    assert pod_record(mutated(pod(shell))[0]).uncontrolled == ("vllm",)

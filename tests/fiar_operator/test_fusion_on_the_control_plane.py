@@ -1,0 +1,141 @@
+"""End to end on the real control plane: a Deployment over nodes with different verdicts. Each bound
+pod's annotations, expanded as the kubelet does, give its vLLM container the fusion its node allows;
+a node whose verdict changes flips them; a command fiar cannot change is reported."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from fiar_operator.commands import container_process
+
+pytestmark = pytest.mark.controlplane
+
+COMMAND = ["vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "8000", "--tensor-parallel-size", "2"]
+OFF = "-cc.pass_config.fuse_allreduce_rms=false"
+ON = "-cc.pass_config.fuse_allreduce_rms=null"
+
+
+def process(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    return container_process(pod, pod["spec"]["containers"][0])
+
+
+def get(kit: Any, namespace: str, name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = kit.kube.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return pod
+
+
+def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
+    operator: Any, kit: Any, namespace: str
+) -> None:
+    nodes = {
+        f"m-{kit.unique}": ({contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass"}, "mnnvl", ON, "1"),
+        f"t-{kit.unique}": ({contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass"}, "trtllm", ON, "1"),
+        # The NVL-bridge row: mnnvl failed, trtllm passed but is slower than NCCL.
+        f"n-{kit.unique}": ({contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "pass"}, "trtllm", OFF, "0"),
+        f"p-{kit.unique}": ({contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail"}, "auto", OFF, "0"),
+    }
+    for name, (labels, *_rest) in nodes.items():
+        kit.node(name, None, **labels)
+    policy = f"fusion-{kit.unique}"
+    kit.policy(policy, namespace)
+    replicas = 8
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {
+                    "nodeSelector": {f"pool-{kit.unique}": "gpu"},
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule",
+                            "labelSelector": {"matchLabels": {"app": "vllm"}},
+                        }
+                    ],
+                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": COMMAND}],
+                },
+            },
+        },
+    }
+    kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
+    pods = kit.running(namespace, replicas, "app=vllm", timeout=90)
+    on_node: dict[str, list[str]] = {}
+    for pod in pods:
+        node = pod["spec"]["nodeName"]
+        _labels, backend, flag, standalone = nodes[node]
+        argv, env = process(pod)
+        assert argv == [*COMMAND, flag], "the user's arguments, then the fusion flag, never an empty one"
+        assert env[contract.ENV_VAR] == backend
+        assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == standalone
+        decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
+        assert decision["trigger"] == "binding" and decision["fusion"] == ("on" if flag == ON else "off")
+        on_node.setdefault(node, []).append(pod["metadata"]["name"])
+    assert set(on_node) == set(nodes)
+
+    def fusion_off(count: int) -> bool:
+        counted: Any = (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionOff")
+        return bool(counted == count)
+
+    kit.wait(lambda: fusion_off(len(on_node[f"n-{kit.unique}"]) + len(on_node[f"p-{kit.unique}"])), 30, "fusionOff")
+
+    # The NVL-bridge node verifies trtllm after a fabric repair: its pods get the fusion back.
+    bridge = f"n-{kit.unique}"
+    kit.relabel(bridge, {contract.LABEL_BACKEND: "trtllm"})
+    # The healthy node loses its verdict: its pods get the fusion off.
+    healthy = f"m-{kit.unique}"
+    kit.relabel(healthy, {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail"})
+    for node, flag, backend, standalone in ((bridge, ON, "trtllm", "1"), (healthy, OFF, "auto", "0")):
+        for name in on_node[node]:
+
+            def flipped(name: str = name, flag: str = flag) -> bool:
+                return process(get(kit, namespace, name))[0][-1] == flag
+
+            kit.wait(flipped, 30, f"pod {name} on {node} re-annotated")
+            _argv, env = process(get(kit, namespace, name))
+            assert (env[contract.ENV_VAR], env[contract.ENV_ALLREDUCE_USE_FLASHINFER]) == (backend, standalone)
+
+            def warned(name: str = name) -> list[dict[str, Any]]:
+                return [e for e in kit.events(namespace, name) if e["reason"] == "NodeVerdictChanged"]
+
+            (event, *_more) = kit.wait(warned, 30, f"NodeVerdictChanged event on {name}")
+            assert "fusion" in event["message"]
+    decision = json.loads(
+        get(kit, namespace, on_node[bridge][0])["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION]
+    )
+    assert (decision["fusion"], decision["previousFusion"], decision["trigger"]) == ("on", "off", "reconcile")
+    kit.wait(lambda: fusion_off(len(on_node[healthy]) + len(on_node[f"p-{kit.unique}"])), 30, "fusionOff recounted")
+
+
+def test_a_command_fiar_does_not_understand_is_left_alone_and_reported(operator: Any, kit: Any, namespace: str) -> None:
+    kit.node(f"u-{kit.unique}", None, **{contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "pass"})
+    policy = f"uncontrolled-{kit.unique}"
+    kit.policy(policy, namespace)
+    shell = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m --port 8000"]}
+    created = kit.pod(namespace, "shell", shell)
+    assert created["spec"]["containers"][0]["command"] == shell["command"]
+    assert "args" not in created["spec"]["containers"][0]
+    kit.running(namespace, 1)
+    pod = get(kit, namespace, "shell")
+    _argv, env = process(pod)
+    assert env == {contract.ENV_VAR: "trtllm"}, "the backend that runs, and nothing else"
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in kit.events(namespace, "shell") if e["reason"] == "FusionNotControlled"]
+
+    (event,) = kit.wait(warned, 30, "FusionNotControlled event")
+    assert event["type"] == "Warning" and "$(FIAR_VLLM_ARGS)" in event["message"]
+    kit.wait(
+        lambda: (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionUncontrolled") == 1,
+        30,
+        "fusionUncontrolled in the policy status",
+    )
