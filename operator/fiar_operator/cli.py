@@ -11,9 +11,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import secrets
+import socket
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 
@@ -125,7 +129,13 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.check()
     kopf.configure(verbose=args.verbose)
-    runtime = Runtime(settings)
+    # kopf's peering identity, which the reconciler needs to know its own entry (the Pod name in a cluster).
+    identity = (
+        os.environ.get("POD_ID")
+        or os.environ.get("POD_NAME")
+        or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    )
+    runtime = Runtime(settings, identity=identity)
     registered: str | None = None
     if args.install_crd:
         crd.apply(runtime.kube)
@@ -145,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             kopf.operator(
                 clusterwide=True,
                 standalone=True if settings.standalone else None,
+                identity=cast("Any", identity),
                 liveness_endpoint=settings.liveness,
                 memo=kopf.Memo(runtime=runtime),
             )

@@ -1,4 +1,4 @@
-"""Kubernetes Events the reconciler asks for (the kopf handlers post them), and a rate limit for them."""
+"""Kubernetes Events the reconciler posts, and a rate limit for them."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Final
 
+from fiar_operator.kube import Kube
 from fiar_operator.pods import PodRecord
+
+COMPONENT: Final = "fiar-operator"
+MESSAGE_MAX: Final = 1024
+"""Characters of an event message kept (kopf trims to the same)."""
 
 
 @dataclass(frozen=True)
 class Event:
-    """A Kubernetes Event the caller posts (kopf does, in handlers)."""
+    """A Kubernetes Event the reconciler asks for (``post`` sends it)."""
 
     target: Mapping[str, Any]
     type: str
@@ -27,6 +33,40 @@ def pod_ref(record: PodRecord) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": record.name, "namespace": record.namespace, "uid": record.uid},
     }
+
+
+def body(event: Event, instance: str, now: datetime | None = None) -> dict[str, Any]:
+    """The core/v1 Event object for ``event`` (its target's namespace, a generated name)."""
+    meta = event.target.get("metadata") or {}
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    namespace = str(meta.get("namespace") or "default")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{str(meta.get('name') or 'fiar')[:200]}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": event.target.get("apiVersion"),
+            "kind": event.target.get("kind"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:MESSAGE_MAX],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance[:128],
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def post(kube: Kube, event: Event, instance: str) -> None:
+    """Create the Event (errors propagate as ApiError)."""
+    doc = body(event, instance)
+    kube.call("POST", f"/api/v1/namespaces/{doc['metadata']['namespace']}/events", body=doc, timeout=5.0)
 
 
 class TokenBucket:

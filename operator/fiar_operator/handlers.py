@@ -1,32 +1,21 @@
-"""kopf handlers: thin wrappers that feed the Runtime and post the Events it asks for.
+"""What kopf does for the operator: credentials, peering, liveness probes. It watches nothing else.
 
-Event handlers run only on the active peer (kopf pauses the others); the webhooks and their
-indexes live in the Runtime, which the command line starts before kopf and stops after it, and
-which keeps serving on every replica.
+The informers (one watch per kind and replica) feed the webhooks' indexes and, on the replica that
+leads by kopf's peering, the reconciler; both live in the Runtime, which the command line starts
+before kopf and stops after it. kopf's own resource handlers would watch every pod, node and
+namespace a second time, keep a copy of each and log a line per object (docs/operator.md).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, cast
+from typing import Any
 
 import kopf
 
-import fiar_contract as contract
-from fiar_operator.events import Event
-from fiar_operator.kube import PAGE
 from fiar_operator.runtime import Runtime
 
 log = logging.getLogger(__name__)
-
-SYNC_TIMEOUT: Final = 120.0
-"""Seconds kopf's start waits for the indexes' first lists, so no handler acts on a partial view."""
-
-
-def _post(events: list[Event]) -> None:
-    for event in events:
-        body = kopf.Body(cast("kopf.RawBody", dict(event.target)))
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 def _runtime(memo: kopf.Memo) -> Runtime:
@@ -54,34 +43,10 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
-    settings.watching.chunk_size = PAGE  # kopf lists every pod: one page at a time, as the informers do
     settings.peering.name = _runtime(memo).settings.peering
     settings.peering.priority = _runtime(memo).settings.priority
-    if not _runtime(memo).wait_synced(SYNC_TIMEOUT):
-        log.warning("indexes not listed after %ss; reconciling from a partial view", SYNC_TIMEOUT)
 
 
 @kopf.on.probe(id="indexes")
 def indexes(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     return _runtime(memo).store.sizes()
-
-
-@kopf.on.event("", "v1", "nodes")
-def node_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-    _post(_runtime(memo).on_node(body, deleted=type == "DELETED"))
-
-
-@kopf.on.event("", "v1", "pods")
-def pod_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-    _post(_runtime(memo).on_pod(body, deleted=type == "DELETED"))
-
-
-@kopf.on.event("", "v1", "namespaces")
-def namespace_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-    _post(_runtime(memo).on_namespace(body, deleted=type == "DELETED"))
-
-
-@kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
-def policy_event(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
-    _post(_runtime(memo).on_policy(body, deleted=type == "DELETED"))

@@ -1,7 +1,8 @@
 """List-and-watch threads that keep the Store current on every replica.
 
-kopf pauses its own watches on replicas that are not the active peer; the webhooks run on every
-replica, so their indexes come from these informers instead, which never pause.
+These are the operator's only watches of pods, nodes, namespaces and policies: the webhooks run on
+every replica and need the indexes there, and on the replica that leads, the reconciler is told of
+each change (``notify``) after the index has it, so one watch feeds both.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ log = logging.getLogger(__name__)
 
 MIN_BACKOFF: Final = 0.5
 MAX_BACKOFF: Final = 30.0
+
+
+Notify = Callable[[str, str, Mapping[str, Any]], None]
+"""(kind, event type, object) after the index applied a watch event; ("LISTED", {}) after a (re-)list."""
+LISTED: Final = "LISTED"
 
 
 class _Expired(Exception):
@@ -72,9 +78,10 @@ class Informer:
         stop: threading.Event,
         on_change: Callable[[str], None] | None = None,
         watch_timeout: int = 300,
+        notify: Notify | None = None,
     ) -> None:
         self.client, self.store, self.source, self.stop = client, store, source, stop
-        self.on_change = on_change
+        self.on_change, self.notify = on_change, notify
         self.watch_timeout = watch_timeout
         self.thread = threading.Thread(target=self._run, name=f"informer-{source.kind}", daemon=True)
 
@@ -90,6 +97,7 @@ class Informer:
                 self.store.replace_all(self.source.kind, listing)
                 version = listing.resource_version
                 self._changed()
+                self._notify(LISTED, {})
                 backoff = MIN_BACKOFF
                 while not self.stop.is_set():
                     version = self._watch(version)
@@ -125,9 +133,17 @@ class Informer:
             else:
                 continue
             self._changed()
+            self._notify(str(kind), obj)
             if self.stop.is_set():
                 break
         return version
+
+    def _notify(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if self.notify is not None:
+            try:
+                self.notify(self.source.kind, kind, obj)
+            except Exception:
+                log.exception("informer %s: the reconciler was not told of %s", self.source.kind, describe(obj))
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -135,9 +151,13 @@ class Informer:
 
 
 def start_all(
-    client: kube.Kube, store: Store, stop: threading.Event, on_change: Callable[[str], None] | None = None
+    client: kube.Kube,
+    store: Store,
+    stop: threading.Event,
+    on_change: Callable[[str], None] | None = None,
+    notify: Notify | None = None,
 ) -> list[Informer]:
-    informers = [Informer(client, store, source, stop, on_change) for source in SOURCES]
+    informers = [Informer(client, store, source, stop, on_change, notify=notify) for source in SOURCES]
     for informer in informers:
         informer.start()
     return informers

@@ -1,23 +1,26 @@
-"""One running operator: indexes, informers, the webhook server, and the reconciler's actions.
+"""One running operator: indexes, informers, the webhook server, and the reconciler.
 
-The webhooks and informers run on every replica. The reconciler's actions (re-annotating pods,
-events, policy status) are called from kopf handlers, which run on the active peer only.
+The webhooks and informers run on every replica. The reconciler (re-annotating pods, events,
+policy status) runs on the replica that leads by kopf's peering (``leadership``), in one thread fed
+by the informers' changes: each kind is watched once per replica, and each change decided once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import fiar_contract as contract
+from fiar_operator import events as posting
 from fiar_operator import informers, reconcile
 from fiar_operator.admission import Admission, utc_now
+from fiar_operator.changes import Change, Changes, change_of
 from fiar_operator.errors import ApiError
 from fiar_operator.events import Event, pod_ref
 from fiar_operator.kube import Kube, configuration
+from fiar_operator.leadership import Leadership
 from fiar_operator.metrics import Metrics
 from fiar_operator.pods import PodRecord
 from fiar_operator.server import READY_KINDS, Server
@@ -96,8 +99,12 @@ class StatusWriter:
         return True
 
 
+def fiar_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: str(v) for k, v in labels.items() if k.startswith(contract.PREFIX)}
+
+
 class Runtime:
-    def __init__(self, settings: Settings, kube: Kube | None = None) -> None:
+    def __init__(self, settings: Settings, kube: Kube | None = None, identity: str = "fiar-operator") -> None:
         self.settings = settings
         self.kube = kube if kube is not None else Kube(configuration(settings.kubeconfig))
         self.store = Store()
@@ -111,16 +118,75 @@ class Runtime:
         self._warned: set[tuple[str, str]] = set()
         """(uid, reason) of the one-off Warning events already asked for."""
         self._node_labels: dict[str, dict[str, str]] = {}
-        """fiar.io labels of each node as last reconciled (not the store's copy, which the informer
-        may update before kopf delivers the same change)."""
+        """fiar.io labels of each node (those that have any) as last reconciled: the store's copy
+        is already updated when the reconciler learns of the change."""
+        self.identity = identity
+        self.changes = Changes()
+        self._leading = settings.standalone
+        self._resync = True
+        self.leadership = Leadership(self.kube, settings.peering, identity, settings.priority, self._lead, self._stop)
+        self._worker = threading.Thread(target=self._work, name="reconciler", daemon=True)
 
     def start(self) -> None:
         if not self.settings.standalone:
             self._ensure_peering()
+            self.leadership.start()
         self.server.start()
-        informers.start_all(self.kube, self.store, self._stop)
+        informers.start_all(self.kube, self.store, self._stop, notify=self.notify)
         self.status.start()
+        self._worker.start()
         log.info("webhooks on port %s, metrics on port %s", self.server.port, self.server.metrics_port)
+
+    # -- the reconciler's thread -----------------------------------------------------------------
+    def _lead(self, leading: bool) -> None:
+        """Leadership changed: on gaining it, reconcile everything once; changes seen before are
+        covered by that pass."""
+        self.changes.clear()
+        self._resync = True
+        self._leading = leading
+
+    def notify(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """From an informer thread, after the index applied the change."""
+        if not self._leading:
+            return
+        if event_type == informers.LISTED:
+            self._resync = True  # a (re-)list sends no per-object events: reconcile everything
+        else:
+            self.changes.put(change_of(kind, event_type, obj))
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            if not self._leading or not all(self.store.synced.get(kind) for kind in READY_KINDS):
+                self._stop.wait(0.1)
+                continue
+            try:
+                if self._resync:
+                    self._resync = False
+                    self.post(self.resync())
+                change = self.changes.take(0.5)
+                if self._leading:
+                    self.post((self.apply(change) if change is not None else []) + self._housekeeping())
+            except Exception:
+                log.exception("reconciler: a change was not handled")
+
+    def post(self, events: Sequence[Event]) -> None:
+        for event in events:
+            try:
+                posting.post(self.kube, event, self.identity)
+            except ApiError as exc:
+                log.warning("event %s on %s not posted: %s", event.reason, event.target.get("metadata"), exc)
+
+    def resync(self) -> list[Event]:
+        """Reconcile everything from the indexes: at the start, on gaining leadership, after a re-list.
+        Each managed pod is reviewed once (late decisions and drift); unconfigured pods are swept."""
+        self._node_labels = {n: ours for n, labels in list(self.store.nodes.items()) if (ours := fiar_labels(labels))}
+        self.status.mark()
+        self.unconfigured.forget_sweep()
+        events = self.unconfigured.sweep()
+        for name in sorted(self.store.policies):
+            for record in self.store.pods_of_policy(name):
+                events += self._reannotate(record)
+        return events
 
     def _ensure_peering(self) -> None:
         """Create the ClusterKopfPeering object the replicas share (kopf only patches an existing one)."""
@@ -132,17 +198,6 @@ class Runtime:
                 log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
             elif exc.status != 409:
                 raise
-
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait until every index has been listed once, so the reconciler never acts on a partial view.
-        False only when ``timeout`` passed first (a stopping runtime stops waiting and answers True)."""
-        deadline = time.monotonic() + timeout
-        while not all(self.store.synced.get(kind) for kind in READY_KINDS):
-            if self._stop.wait(0.1):
-                return True
-            if time.monotonic() > deadline:
-                return False
-        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -194,76 +249,100 @@ class Runtime:
         return events
 
     def _housekeeping(self) -> list[Event]:
-        """On every handler call (the active replica only): re-check the unconfigured pods now and
-        then, and the NotConfigured events the rate limit held back and now allows."""
+        """After every change (the leader only), and at least every 0.5 s: re-check the unconfigured
+        pods now and then, and the NotConfigured events the rate limit held back and now allows."""
         self.unconfigured.refresh()
         return self.unconfigured.drain()
 
+    # Index an object and reconcile it: the informers index first and call ``apply`` through the
+    # queue; these entry points do both at once (tests, and tools that feed objects by hand).
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
-        return self._pod(body, deleted) + self._housekeeping()
-
-    def _pod(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
         meta = body.get("metadata") or {}
         if deleted:
-            key, uid = (str(meta.get("namespace")), str(meta.get("name"))), str(meta.get("uid") or "")
-            self.store.delete_pod(*key, uid)
-            self._warned.discard((uid, "MultiNodeFallback"))
-            self._warned.discard((uid, "FusionNotControlled"))
-            if (meta.get("labels") or {}).get(contract.LABEL_POD_POLICY):
-                self.status.mark(str(meta["labels"][contract.LABEL_POD_POLICY]))
-            self.unconfigured.pod_deleted(key, uid)
+            self.store.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid") or ""))
+        else:
+            self.store.put_pod(body)
+        return self.apply(change_of("pods", "DELETED" if deleted else "MODIFIED", body)) + self._housekeeping()
+
+    def on_namespace(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if deleted:
+            self.store.delete_namespace(name)
+        else:
+            self.store.put_namespace(body)
+        return self.apply(change_of("namespaces", "DELETED" if deleted else "MODIFIED", body)) + self._housekeeping()
+
+    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if deleted:
+            self.store.delete_node(name)
+        else:
+            self.store.put_node(body)
+        return self.apply(change_of("nodes", "DELETED" if deleted else "MODIFIED", body)) + self._housekeeping()
+
+    def on_policy(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
+        meta = body.get("metadata") or {}
+        if deleted:
+            self.store.delete_policy(str(meta.get("name") or ""), str(meta.get("uid") or ""))
+        else:
+            self.store.put_policy(body)
+        return self.apply(change_of("policies", "DELETED" if deleted else "MODIFIED", body)) + self._housekeeping()
+
+    def apply(self, change: Change) -> list[Event]:
+        """Reconcile one changed object, already indexed (or removed from the index)."""
+        if change.kind == "pods":
+            return self._pod(change)
+        if change.kind == "nodes":
+            return self._node(change)
+        if change.kind == "namespaces":
+            return self.unconfigured.sweep()
+        if change.kind == "policies":
+            return self._policy(change)
+        return []
+
+    def _pod(self, change: Change) -> list[Event]:
+        key = (change.namespace, change.name)
+        if change.deleted:
+            self._warned.discard((change.uid, "MultiNodeFallback"))
+            self._warned.discard((change.uid, "FusionNotControlled"))
+            if change.policy:
+                self.status.mark(change.policy)
+            self.unconfigured.pod_deleted(key, change.uid)
             return []
-        record = self.store.put_pod(body)
+        record = self.store.pods.get(key)
+        if record is None or (change.uid and record.uid != change.uid):
+            return []  # gone or replaced since: its own change follows
         events = self.unconfigured.pod_changed(record)
         if not record.managed:
             return events
         self.status.mark(record.policy)
         return events + self._reannotate(record)
 
-    def on_namespace(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
-        return self._namespace(body, deleted) + self._housekeeping()
-
-    def _namespace(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
-        name = str((body.get("metadata") or {}).get("name") or "")
-        if deleted:
-            self.store.delete_namespace(name)
-        else:
-            self.store.put_namespace(body)
-        return self.unconfigured.sweep()
-
-    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
-        return self._node(body, deleted) + self._housekeeping()
-
-    def _node(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
-        meta = body.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        if deleted:
-            self.store.delete_node(name)
+    def _node(self, change: Change) -> list[Event]:
+        name = change.name
+        labels = self.store.nodes.get(name)
+        if change.deleted or labels is None:
             self._node_labels.pop(name, None)
             self.status.mark()
             return []
-        self.store.put_node(body)
-        ours = {k: str(v) for k, v in (meta.get("labels") or {}).items() if k.startswith(contract.PREFIX)}
-        if self._node_labels.get(name) == ours:
+        ours = fiar_labels(labels)
+        if self._node_labels.get(name, {}) == ours:
             return []  # a heartbeat or another component's change: nothing for fiar to do
-        self._node_labels[name] = ours
+        if ours:
+            self._node_labels[name] = ours
+        else:
+            self._node_labels.pop(name, None)
         self.status.mark()
         events: list[Event] = []
         for record in self.store.pods_on_node(name):
             events += self._reannotate(record)
         return events
 
-    def on_policy(self, body: Mapping[str, Any], deleted: bool = False) -> list[Event]:
-        return self._policy(body, deleted) + self._housekeeping()
-
-    def _policy(self, body: Mapping[str, Any], deleted: bool) -> list[Event]:
-        name = str((body.get("metadata") or {}).get("name") or "")
-        if deleted:
-            self.store.delete_policy(name, str((body.get("metadata") or {}).get("uid") or ""))
+    def _policy(self, change: Change) -> list[Event]:
+        if change.deleted:
             return self.unconfigured.sweep()
-        self.store.put_policy(body)
-        self.status.mark(name)
+        self.status.mark(change.name)
         events = self.unconfigured.sweep()
-        for record in self.store.pods_of_policy(name):
+        for record in self.store.pods_of_policy(change.name):
             events += self._reannotate(record)
         return events

@@ -8,7 +8,7 @@ thousands of existing pods, or an operator restart, does not flood the API serve
 by the limit waits in a queue that later handler calls drain (``drain``). The status always counts
 every pod.
 
-Only the reconciler (kopf handlers, active replica) calls in: every pod event (``pod_changed``,
+Only the reconciler (its one thread, on the leading replica) calls in: every pod event (``pod_changed``,
 ``pod_deleted``), a recomputation from the pod index when a policy or a namespace changes
 (``sweep``), and ``refresh`` on any event, which at most every ``REFRESH_INTERVAL`` checks the
 entries against the pod index: a re-list after a watch gap sends no deletions.
@@ -151,6 +151,11 @@ class Unconfigured:
         return events
 
     # -- recomputation ---------------------------------------------------------------------------
+    def forget_sweep(self) -> None:
+        """Make the next ``sweep`` recompute even when no policy or namespace changed (a full pass)."""
+        with self._lock:
+            self._swept = None
+
     def sweep(self) -> list[Event]:
         """Recompute every policy's unconfigured pods from the pod index, when a policy was created,
         changed or deleted, or a namespace's labels changed since the last sweep (not on status writes)."""

@@ -5,6 +5,7 @@ the pods it never saw (created while the pod webhook was down) as unconfigured."
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,3 +125,13 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     )
     assert event["type"] == "Warning" and "while the fiar pod webhook was unavailable" in event["message"]
     assert not [e for e in kit.events(namespace, "created-while-down") if e["reason"] == "NotConfigured"]
+
+    # Exactly once: each pod bound while the operator was down is re-annotated and warned once, the
+    # pod the webhook missed is warned once, however many watches and handlers saw them after the start.
+    time.sleep(3)
+    assert operator.counter("fiar_pods_reannotated_total", reason="DecidedAfterBinding") == 3
+    for pod in kit.pods(namespace, "app=vllm"):
+        warned = [e for e in kit.events(namespace, pod["metadata"]["name"]) if e["reason"] == "DecidedAfterBinding"]
+        assert sum(int(e.get("count") or 1) for e in warned) == 1, warned
+    missed_events = [e for e in kit.events(namespace, "vllm-created-while-down") if e["reason"] == "NotConfigured"]
+    assert sum(int(e.get("count") or 1) for e in missed_events) == 1
