@@ -1,0 +1,306 @@
+"""The operator at fleet scale, before and after, side by side in one run on one control plane.
+
+A local control plane (etcd + kube-apiserver, no kubelets, so nothing but the operator changes the
+objects) is filled with ``--nodes`` nodes and ``--pods`` pods bound to them, shaped like pods of a
+vLLM Deployment (env, probes, volumes, tolerations), plus one policy and ``--drift-pods`` managed pods
+on one verified node. Then each operator variant is started in turn (``--rounds`` times, alternated),
+with no webhook registered (the operator alone), and measured:
+
+    ready      seconds from the start to /readyz (every index listed)
+    RSS        at ready, the peak over ``--watch`` seconds after ready, and at the end of them
+    log lines  the records it logged at INFO (no --verbose) from start to end of the watch
+    CPU        seconds of CPU the process used from start to end of the watch
+    drift      seconds from relabelling the drift node (its verdict removed, then restored) until
+               all its managed pods carry the new decision (each direction measured)
+
+Variants: ``after`` is this tree; ``before`` is the operator source at ``--before`` (a git worktree,
+e.g. ``git worktree add /tmp/fiar-before <commit>``), put first on PYTHONPATH.
+
+    PYTHONPATH=tools .venv/bin/python bench/operator_fleet.py --before /tmp/fiar-before [--nodes 10000 --pods 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import fiar_contract as contract
+from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.waiting import wait_for
+from fiar_operator import crd, kube
+from fiar_operator.decide import decide
+from fiar_operator.errors import ApiError
+from fiar_operator.pods import FIELD_PATH
+from fiar_operator.policy import parse_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACES = 20
+DRIFT_NODE = "gpu-drift"
+DRIFT_NS = "fleet-drift"
+POLICY = "fleet"
+
+
+def node_body(i: int) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": f"node-{i:05d}",
+        "kubernetes.io/os": "linux",
+        "node.kubernetes.io/instance-type": "gpu-8x",
+        "topology.kubernetes.io/zone": f"zone-{i % 3}",
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+        "nvidia.com/gpu.count": "8",
+    }
+    if i % 4 == 0:
+        labels[contract.LABEL_BACKEND] = "trtllm"
+    cap = {"cpu": "192", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": f"node-{i:05d}", "labels": labels},
+        "status": {"capacity": cap, "allocatable": cap},
+    }
+
+
+def pod_body(i: int, node: str, namespace: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    env = [{"name": f"VLLM_SETTING_{k}", "value": f"value-{k}"} for k in range(10)]
+    probe = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 10}
+    container = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.26.0",
+        "command": ["vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "8"],
+        "env": env,
+        "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "16", "memory": "256Gi"}},
+        "livenessProbe": probe,
+        "readinessProbe": probe,
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"vllm-{i:05d}",
+            "namespace": namespace,
+            "labels": {"app": "web" if i % 2 else "batch", "pod-template-hash": "7d9f8c6b5"},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [container],
+            "volumes": [
+                {"name": "models", "hostPath": {"path": "/models"}},
+                {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            ],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    for key, value in (extra or {}).items():
+        body[key] = {**body.get(key, {}), **value}
+    return body
+
+
+def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 24) -> None:
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def create(client: kube.Kube, path: str, body: dict[str, Any]) -> None:
+    try:
+        client.call("POST", path, body=body, timeout=30.0)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+def populate(plane: ControlPlane, nodes: int, pods: int, drift_pods: int) -> None:
+    client = kube.Kube(plane.api_client(), pool_size=32)
+    client.apply(kube.CRDS, crd.definition())
+    wait_for(lambda: _established(client), 30, "CRD established")
+    for n in [*(f"fleet-{k}" for k in range(NAMESPACES)), DRIFT_NS]:
+        create(client, kube.NAMESPACES, {"metadata": {"name": n}})
+    started = time.monotonic()
+    parallel(lambda i: create(client, kube.NODES, node_body(i)), range(nodes))
+    verified = {contract.LABEL_BACKEND: "trtllm", "kubernetes.io/hostname": DRIFT_NODE}
+    create(client, kube.NODES, {"metadata": {"name": DRIFT_NODE, "labels": verified}})
+    print(f"# {nodes} nodes in {time.monotonic() - started:.0f}s", flush=True)
+    started = time.monotonic()
+    parallel(
+        lambda i: create(
+            client,
+            f"/api/v1/namespaces/fleet-{i % NAMESPACES}/pods",
+            pod_body(i, f"node-{i % nodes:05d}", f"fleet-{i % NAMESPACES}"),
+        ),
+        range(pods),
+    )
+    print(f"# {pods} pods in {time.monotonic() - started:.0f}s", flush=True)
+    spec = {
+        "podSelector": {"matchLabels": {"app": "vllm"}},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": DRIFT_NS}},
+    }
+    policy = {"apiVersion": "fiar.io/v1alpha1", "kind": "FiAllreducePolicy", "metadata": {"name": POLICY}, "spec": spec}
+    create(client, kube.POLICIES, policy)
+    created = client.call("GET", f"{kube.POLICIES}/{POLICY}")
+    decision = decide(parse_policy(created), DRIFT_NODE, verified)
+    parallel(
+        lambda i: create(client, f"/api/v1/namespaces/{DRIFT_NS}/pods", managed_pod(i, decision)), range(drift_pods)
+    )
+
+
+def managed_pod(i: int, decision: Any) -> dict[str, Any]:
+    body = pod_body(i, DRIFT_NODE, DRIFT_NS)
+    body["metadata"]["labels"] = {"app": "vllm", contract.LABEL_POD_POLICY: POLICY}
+    body["metadata"]["annotations"] = dict(decision.annotations())
+    env = {"name": contract.ENV_VAR, "valueFrom": {"fieldRef": {"fieldPath": FIELD_PATH}}}
+    body["spec"]["containers"][0]["env"].append(env)
+    return body
+
+
+def _established(client: kube.Kube) -> bool:
+    doc = client.call("GET", f"{kube.CRDS}/{crd.definition()['metadata']['name']}")
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in doc["status"]["conditions"] or [])
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backends(client: kube.Kube) -> list[str | None]:
+    doc = client.call("GET", f"/api/v1/namespaces/{DRIFT_NS}/pods", {"labelSelector": "app=vllm"})
+    return [(p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_POD_BACKEND) for p in doc["items"]]
+
+
+def drift(client: kube.Kube, verdict: str | None, timeout: float = 60.0) -> float:
+    """Relabel the drift node; seconds until every managed pod on it left (or went back to) trtllm."""
+    body = {"metadata": {"labels": {contract.LABEL_BACKEND: verdict}}}
+    started = time.monotonic()
+    client.call("PATCH", f"{kube.NODES}/{DRIFT_NODE}", body=body, content_type=kube.MERGE_PATCH)
+    want_trtllm = verdict == "trtllm"
+    while time.monotonic() - started < timeout:
+        if all((b == "trtllm") == want_trtllm for b in backends(client)):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return float("nan")
+
+
+def run_operator(plane: ControlPlane, variant: str, source: Path | None, workdir: Path, watch: float) -> dict[str, Any]:
+    metrics = free_port()
+    log = workdir / f"{variant}-{time.monotonic_ns()}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
+    argv = [
+        sys.executable,
+        "-c",
+        "from fiar_operator.cli import main; raise SystemExit(main())",
+        "run",
+        "--kubeconfig",
+        str(plane.kubeconfig),
+        "--standalone",
+        "--webhook-host",
+        "127.0.0.1",
+        "--webhook-port",
+        str(free_port()),
+        "--metrics-host",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics),
+    ]
+    client = kube.Kube(plane.api_client())
+    with log.open("wb") as out:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        peak = 0.0
+
+        def ready() -> bool:
+            nonlocal peak
+            peak = max(peak, rss_mib(process.pid))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=1) as resp:
+                    return int(resp.status) == 200
+            except OSError:
+                return False
+
+        wait_for(ready, 300, f"{variant} operator ready", interval=0.1)
+        ready_s, ready_rss = time.monotonic() - started, rss_mib(process.pid)
+        until = time.monotonic() + watch
+        while time.monotonic() < until:
+            peak = max(peak, rss_mib(process.pid))
+            time.sleep(0.1)
+        end_rss, cpu = rss_mib(process.pid), cpu_seconds(process.pid)
+        lines = sum(
+            1
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith("[") and "aiohttp.server" not in line  # not strangers' requests to the port
+        )
+        lost = drift(client, None)
+        back = drift(client, "trtllm")
+        peak = max(peak, rss_mib(process.pid))
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+    return {
+        "variant": variant,
+        "ready_s": round(ready_s, 1),
+        "rss_ready": round(ready_rss),
+        "rss_peak": round(peak),
+        "rss_end": round(end_rss),
+        "log_lines": lines,
+        "cpu_s": round(cpu, 1),
+        "drift_lost_s": round(lost, 2),
+        "drift_back_s": round(back, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--pods", type=int, default=20_000)
+    parser.add_argument("--drift-pods", type=int, default=100)
+    parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--watch", type=float, default=60.0, help="seconds measured after ready")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-fleet-"))
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    print(f"# {args.nodes} nodes, {args.pods} pods, {args.drift_pods} managed pods on {DRIFT_NODE}; work in {workdir}")
+    plane = ControlPlane(workdir / "plane", Tier.A)
+    plane.start()
+    try:
+        populate(plane, args.nodes, args.pods, args.drift_pods)
+        variants: list[tuple[str, Path | None]] = [("after", None)]
+        if args.before is not None:
+            variants.insert(0, ("before", args.before))
+        for _ in range(args.rounds):
+            for variant, source in variants:
+                result = run_operator(plane, variant, source, workdir, args.watch)
+                print(json.dumps(result), flush=True)
+    finally:
+        plane.stop()
+
+
+if __name__ == "__main__":
+    main()
