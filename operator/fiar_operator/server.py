@@ -12,9 +12,9 @@ kopf's loop never delays an admission answer. Routes:
 The webhook port is reachable by whatever the pod network lets through (the chart's NetworkPolicy
 narrows it), so every request is bounded: a body of at most ``MAX_BODY`` bytes read within
 ``READ_DEADLINE``; parsing and planning on a small thread pool, never on the event loop, answered
-fail-open after ``WORK_DEADLINE``; at most ``MAX_CONNECTIONS`` connections (over it, the longest
-idle one is closed); a connection that sends no complete request within ``IDLE_TIMEOUT`` (slow
-headers, or idle) is closed.
+fail-open after ``WORK_DEADLINE``; at most ``MAX_CONNECTIONS`` connections (over it, the one idle
+the longest is closed); a connection that sends no complete request within ``IDLE_TIMEOUT`` (slow
+headers, or idle) is closed. The soft limit of open files is raised to the hard one at start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import concurrent.futures
 import functools
 import logging
 import os
+import resource
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -51,14 +53,16 @@ WORK_DEADLINE: Final = 1.5
 as the API server would on its 2 s timeout), so the connection is not held for nothing."""
 WORKERS: Final = 4
 """Threads that parse and plan reviews; also the reviews whose bodies are held in memory at once."""
-MAX_CONNECTIONS: Final = 512
-"""Open webhook connections at most (under the usual 1,024 file descriptors, with room for the
-operator's own API connections)."""
+MAX_CONNECTIONS: Final = 256
+"""Open connections per port at most. An idle TLS connection costs about 270 KiB, so this bounds
+them to about 70 MiB, and stays far under the usual 1,024 file descriptors."""
 IDLE_TIMEOUT: Final = 10.0
 """Seconds a connection may take to send a complete request's headers after it opened or after its
 last answer (idle keep-alive connections are closed then too)."""
 HANDSHAKE_TIMEOUT: Final = 5.0
 """Seconds for a TLS handshake."""
+SHUTDOWN_TIMEOUT: Final = 2.0
+"""Seconds a closed TLS connection waits for the peer's close_notify before its socket is freed."""
 READY_KINDS: Final = ("nodes", "namespaces", "policies", "pods")
 
 
@@ -165,22 +169,32 @@ class _Budget:
 
 class _Connections:
     """The open connections of one site: at most ``limit``; to admit one more, the connection idle
-    the longest (open, not in a request) is closed. Requests in progress are marked by ``busy``."""
+    the longest is closed (one that never sent a request first; never one in a request, ``busy``)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.busy: set[object] = set()
+        self.active: dict[object, float] = {}
+        """Connection -> when its last request ended (a connection that never sent one: absent)."""
         self.evicted = 0
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
-            open_ = server.connections  # oldest first
+            open_ = server.connections
             excess = len(open_) + 1 - self.limit
-            for handler in open_:
+            if excess <= 0:
+                return server()
+            if len(self.active) > 2 * self.limit:
+                alive = set(open_)
+                self.active = {h: t for h, t in self.active.items() if h in alive}
+            for handler in sorted(open_, key=lambda h: self.active.get(h, 0.0)):  # idle longest first
                 if excess <= 0:
                     break
                 if handler not in self.busy:
+                    transport = handler.transport
                     handler.force_close()
+                    if transport is not None:
+                        transport.abort()  # free the socket now, not after a TLS shutdown
                     self.evicted += 1
                     excess -= 1
             return server()
@@ -212,14 +226,19 @@ class _Site(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
+        extra: dict[str, Any] = {}
+        if self._ssl_context is not None:
+            extra["ssl_handshake_timeout"] = self._handshake_timeout
+            if sys.version_info >= (3, 11):
+                extra["ssl_shutdown_timeout"] = SHUTDOWN_TIMEOUT
         self._server = await asyncio.get_running_loop().create_server(
             self._guard.factory(server),
             self._host,
             self._port,
             ssl=self._ssl_context,
-            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=True,
+            **extra,
         )
 
 
@@ -252,6 +271,8 @@ class Server:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> None:
+        _raise_file_limit()
+        logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)
         self._thread.start()
         if not self._started.wait(timeout):
             raise ConfigurationError("the webhook server did not start")
@@ -397,6 +418,8 @@ class Server:
             return self._refuse(webhook, 413, f"the body exceeds {b.max_body} bytes")
         except asyncio.TimeoutError:
             return self._refuse(webhook, 408, f"the body did not arrive within {b.read_deadline:g} s")
+        except ConnectionError:  # the client went away mid-body: nothing to answer, nothing to log
+            return self._refuse(webhook, 400, "the connection was lost")
         except ReviewError as exc:
             log.warning("%s webhook: malformed review from %s: %.200s", webhook, request.remote, exc)
             return self._refuse(webhook, 400, str(exc))
@@ -462,6 +485,39 @@ class Server:
             return None
 
 
+def _raise_file_limit() -> None:
+    """Raise the soft limit of open files to the hard one (as Go programs do), so that connections
+    never exhaust the descriptors the operator's own API connections need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.info("open-file limit stays at %d: %s", soft, exc)
+
+
+class _AcceptErrors(logging.Filter):
+    """asyncio logs a traceback for every failed accept() when descriptors run out: keep one line a minute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("socket.accept() out of system resource"):
+            return True
+        now = time.monotonic()
+        if now - self._last < 60:
+            return False
+        self._last = now
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+_ACCEPT_ERRORS: Final = _AcceptErrors()
+
+
 def bounds_total(bounds: Bounds) -> int:
     """Bytes of bodies held at once: one largest body per worker."""
     return bounds.workers * bounds.max_body
@@ -481,6 +537,7 @@ def _mark_busy(guard: _Connections) -> Any:
             return response
         finally:
             guard.busy.discard(protocol)
+            guard.active[protocol] = time.monotonic()
 
     return middleware
 
