@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import copy
 import http.client
 import json
@@ -178,7 +179,10 @@ class Probe:
             return f"ordinary reviews: none answered, {self.failures} failed"
         ms = sorted(t * 1000 for t in self.times)
         p50, p99 = statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))]
-        return f"ordinary reviews: {len(ms)} answered, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.0f} ms, {self.failures} failed"
+        return (
+            f"ordinary reviews: {len(ms)} answered, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.0f} ms, "
+            f"{self.failures} failed"
+        )
 
 
 def report(name: str, **figures: Any) -> None:
@@ -257,10 +261,8 @@ def attacks(target: Target, quick: bool) -> None:
     closed = 0
     for sock in idle:
         sock.settimeout(0.01)
-        try:
+        with contextlib.suppress(TimeoutError, ssl.SSLError, OSError):
             closed += sock.recv(1) == b""
-        except (TimeoutError, ssl.SSLError, OSError):
-            pass
         sock.close()
     report("600 idle TLS connections", rss_mib=f"{before:.0f} -> {opened:.0f} while open",
            closed_by_the_server_after_12_s=closed)
@@ -323,7 +325,7 @@ def attacks(target: Target, quick: bool) -> None:
             for part in path[:-1]:
                 node = node.get(part) if isinstance(node, dict) else None
             if isinstance(node, dict):
-                node[path[-1]] = rng.choice(values)
+                node[path[-1]] = copy.deepcopy(rng.choice(values))
         status, body = target.post(json.dumps(doc).encode(), rng.choice(["/mutate/pods", "/mutate/binding"]), conn)
         fuzzed[status] += 1
         if status == 200 and json.loads(body)["response"]["uid"] != doc["request"]["uid"]:
@@ -339,7 +341,7 @@ def attacks(target: Target, quick: bool) -> None:
 
 # -- reconciler costs (in process) ----------------------------------------------------------------------
 def reconciler(quick: bool) -> None:
-    from fiar_operator.runtime import StatusWriter
+    from fiar_operator.runtime import NODE_COUNTS_REFRESH, StatusWriter
     from fiar_operator.store import Store
     from fiar_operator.unconfigured import Unconfigured
 
@@ -349,7 +351,8 @@ def reconciler(quick: bool) -> None:
         store.put_namespace({"metadata": {"name": f"ns-{n}", "resourceVersion": "1", "labels": {"team": f"t{n % 10}"}}})
     for i in range(policies):
         spec = {"podSelector": {"matchLabels": {"app": f"vllm-{i}"}},
-                "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}}}
+                "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}},
+                "backends": ["mnnvl"] if i % 2 else ["trtllm"]}
         store.put_policy({"metadata": {"name": f"p{i}", "uid": f"u{i}", "generation": 1, "resourceVersion": "1"},
                           "spec": spec})
     for i in range(pods):
@@ -387,11 +390,12 @@ def reconciler(quick: bool) -> None:
     writer.mark()
     writer.flush()
     kube.patches = 0
-    store.put_node({"metadata": {"name": "gpu-0", "resourceVersion": "2", "labels": {contract.LABEL_BACKEND: "none"}}})
+    labels = {contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass"}
+    store.put_node({"metadata": {"name": "gpu-0", "resourceVersion": "2", "labels": labels}})
     writer.mark()
     writer.flush()
-    report(f"policy status after one node flip (mnnvl -> none), {policies} policies",
-           status_writes=f"{kube.patches} (each policy's own verified count changed)")
+    report(f"policy status after one node flip (mnnvl -> trtllm), {policies} policies, half of them [mnnvl]",
+           status_writes_at_once=kube.patches, status_writes_of_the_others_deferred_by_s=NODE_COUNTS_REFRESH)
     kube.patches = 0
     labels = {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass", contract.LABEL_GPUS: "8"}
     store.put_node({"metadata": {"name": "gpu-1", "resourceVersion": "2", "labels": labels}})
@@ -404,9 +408,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reconciler-only", action="store_true")
     args = parser.parse_args()
     if args.serve:
         serve(Path(args.serve))
+        return
+    if args.reconciler_only:
+        reconciler(args.quick)
         return
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     target = Target(Path(tempfile.mkdtemp()))

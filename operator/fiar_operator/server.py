@@ -167,16 +167,31 @@ class _Budget:
             self._changed.notify_all()
 
 
+SLOW_REQUEST: Final = 1.0
+"""Seconds in one request after which a connection may be closed to admit another (the API server
+sends a review at once; only a slow body or a stuck answer takes this long)."""
+
+
 class _Connections:
-    """The open connections of one site: at most ``limit``; to admit one more, the connection idle
-    the longest is closed (one that never sent a request first; never one in a request, ``busy``)."""
+    """The open connections of one site: at most ``limit``. To admit one more, one is closed: first
+    one that never completed a request, then one in a request for over ``SLOW_REQUEST``, then the
+    one idle the longest. A connection that answers promptly is closed last."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.busy: set[object] = set()
+        self.busy: dict[object, float] = {}
+        """Connection -> when its current request began."""
         self.active: dict[object, float] = {}
         """Connection -> when its last request ended (a connection that never sent one: absent)."""
         self.evicted = 0
+
+    def _order(self, handler: object, now: float) -> tuple[int, float] | None:
+        if handler in self.busy:
+            since = self.busy[handler]
+            return (1, since) if now - since > SLOW_REQUEST else None
+        if handler not in self.active:
+            return (0, 0.0)
+        return (2, self.active[handler])
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
@@ -187,16 +202,15 @@ class _Connections:
             if len(self.active) > 2 * self.limit:
                 alive = set(open_)
                 self.active = {h: t for h, t in self.active.items() if h in alive}
-            for handler in sorted(open_, key=lambda h: self.active.get(h, 0.0)):  # idle longest first
-                if excess <= 0:
-                    break
-                if handler not in self.busy:
-                    transport = handler.transport
-                    handler.force_close()
-                    if transport is not None:
-                        transport.abort()  # free the socket now, not after a TLS shutdown
-                    self.evicted += 1
-                    excess -= 1
+            now = time.monotonic()
+            ranked = sorted((key, i) for i, h in enumerate(open_) if (key := self._order(h, now)) is not None)
+            for _, i in ranked[:excess]:
+                handler = open_[i]
+                transport = handler.transport
+                handler.force_close()
+                if transport is not None:
+                    transport.abort()  # free the socket now, not after a TLS shutdown
+                self.evicted += 1
             return server()
 
         return make
@@ -531,12 +545,12 @@ def _mark_busy(guard: _Connections) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         protocol = request.protocol
-        guard.busy.add(protocol)
+        guard.busy[protocol] = time.monotonic()
         try:
             response: web.StreamResponse = await handler(request)
             return response
         finally:
-            guard.busy.discard(protocol)
+            guard.busy.pop(protocol, None)
             guard.active[protocol] = time.monotonic()
 
     return middleware
