@@ -46,10 +46,9 @@ def ca() -> pki.CertificateAuthority:
     return pki.CertificateAuthority()
 
 
-@pytest.fixture
-def served(ca: pki.CertificateAuthority, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
-    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(tmp_path, "serving")
-    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+def start(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
+    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
+    (workdir / "ca.crt").write_bytes(ca.cert_pem)
     store = Store()
     for kind in ("nodes", "namespaces", "policies", "pods"):
         store.replace_all(kind, [])
@@ -58,8 +57,14 @@ def served(ca: pki.CertificateAuthority, tmp_path: Path) -> Iterator[tuple[Serve
         webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
     )
     admission = HeldAdmission(store, metrics)
-    server = Server(admission, metrics, settings, None, lambda: store.synced, SMALL)
+    server = Server(admission, metrics, settings, None, lambda: store.synced, bounds)
     server.start()
+    return server, admission
+
+
+@pytest.fixture
+def served(ca: pki.CertificateAuthority, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+    server, admission = start(ca, tmp_path, SMALL)
     yield server, tmp_path
     admission.release.set()
     server.stop()
@@ -142,6 +147,33 @@ def test_over_the_connection_cap_the_longest_idle_connection_makes_room(served: 
     assert server.connections.evicted >= 1
     for sock in held:
         sock.close()
+
+
+def test_over_the_cap_a_slow_request_is_closed_before_a_prompt_connection(
+    ca: pki.CertificateAuthority, tmp_path: Path
+) -> None:
+    server, admission = start(ca, tmp_path, Bounds(max_connections=4, read_deadline=10, idle_timeout=10))
+    try:
+        prompt = http.client.HTTPSConnection("127.0.0.1", server.port, context=context(tmp_path), timeout=5)
+        prompt.request("POST", "/mutate/pods", review("first"))
+        first = prompt.getresponse()
+        assert first.status == 200 and first.read()
+        slow = []
+        for _ in range(3):
+            sock = tls_socket(server, tmp_path)
+            sock.sendall(b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            slow.append(sock)
+        time.sleep(1.3)  # the slow requests are now over SLOW_REQUEST
+        assert post(server, tmp_path, review("newcomer"))[0] == 200
+        prompt.request("POST", "/mutate/pods", review("again"))
+        assert prompt.getresponse().status == 200  # the prompt connection was kept
+        assert sum(closed_by_server(sock, 0.5) for sock in slow) >= 1
+        for sock in slow:
+            sock.close()
+        prompt.close()
+    finally:
+        admission.release.set()
+        server.stop()
 
 
 def test_deeply_nested_json_is_a_400_logged_on_one_line(
