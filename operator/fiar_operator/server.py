@@ -147,6 +147,14 @@ class TlsFiles:
         return False
 
 
+class _Job:
+    """One review on its way through the thread pool: the body, then the parsed review."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.review: Review | None = None
+
+
 class _Budget:
     """Bytes of request bodies held at once: a review waits until its share is free."""
 
@@ -423,59 +431,73 @@ class Server:
             share = await asyncio.wait_for(self._budget.acquire(request.content_length or b.max_body), b.read_deadline)
         except asyncio.TimeoutError:
             return self._refuse(webhook, 503, "too many reviews in progress", "busy")
-        loop = asyncio.get_running_loop()
         try:
             body = await asyncio.wait_for(request.read(), b.read_deadline)
-            review = await loop.run_in_executor(self._work, parse_review, body)
-            del body
         except web.HTTPRequestEntityTooLarge:
+            await self._budget.release(share)
             return self._refuse(webhook, 413, f"the body exceeds {b.max_body} bytes")
         except asyncio.TimeoutError:
+            await self._budget.release(share)
             return self._refuse(webhook, 408, f"the body did not arrive within {b.read_deadline:g} s")
         except ConnectionError:  # the client went away mid-body: nothing to answer, nothing to log
+            await self._budget.release(share)
             return self._refuse(webhook, 400, "the connection was lost")
+        job = _Job(body)
+        del body
+        try:
+            answer = await asyncio.wait_for(self._answer(job, webhook), b.work_deadline)
         except ReviewError as exc:
             log.warning("%s webhook: malformed review from %s: %.200s", webhook, request.remote, exc)
             return self._refuse(webhook, 400, str(exc))
-        finally:
-            await self._budget.release(share)
-        try:
-            answer = await asyncio.wait_for(self._answer(review, webhook), b.work_deadline)
         except asyncio.TimeoutError:
+            if job.review is None:
+                return self._refuse(webhook, 503, f"the review was not parsed within {b.work_deadline:g} s", "deadline")
             log.warning(
                 "%s webhook: review %.64r not answered within %g s; allowed unchanged",
                 webhook,
-                review.uid,
+                job.review.uid,
                 b.work_deadline,
             )
             self.metrics.admission(webhook, "deadline")
-            answer = respond(review)
+            answer = respond(job.review)
         except Exception as exc:  # one line, no traceback: hostile input must not flood the log
+            assert job.review is not None
             log.warning(
                 "%s webhook failed on review %.64r (%s: %.200s); allowed unchanged",
                 webhook,
-                review.uid,
+                job.review.uid,
                 type(exc).__name__,
                 exc,
             )
             self.metrics.admission(webhook, "error")
-            answer = respond(review)
+            answer = respond(job.review)
+        finally:
+            await self._budget.release(share)
         return web.json_response(answer)
 
     def _refuse(self, webhook: str, status: int, message: str, result: str = "bad_request") -> web.Response:
         self.metrics.admission(webhook, result)
         return web.json_response({"error": message}, status=status)
 
-    async def _answer(self, review: Review, webhook: str) -> dict[str, Any]:
-        call = self.admission.pod_create if webhook == "pods" else self.admission.binding
+    async def _answer(self, job: _Job, webhook: str) -> dict[str, Any]:
+        """Parse and answer on the thread pool (one hop); a ``Need`` is read here, then answered there."""
         loop = asyncio.get_running_loop()
-        first = await loop.run_in_executor(self._work, functools.partial(call, review, can_read=self.kube is not None))
+        first = await loop.run_in_executor(self._work, self._first, job, webhook)
+        assert job.review is not None
         if isinstance(first, Need):
+            call = self.admission.pod_create if webhook == "pods" else self.admission.binding
             fetched = await self._fetch(first)
             first = await loop.run_in_executor(
-                self._work, functools.partial(call, review, fetched=fetched, can_read=False)
+                self._work, functools.partial(call, job.review, fetched=fetched, can_read=False)
             )
-        return first if not isinstance(first, Need) else respond(review)
+        return first if not isinstance(first, Need) else respond(job.review)
+
+    def _first(self, job: _Job, webhook: str) -> dict[str, Any] | Need:
+        body, job.body = job.body, b""
+        job.review = parse_review(body)
+        del body
+        call = self.admission.pod_create if webhook == "pods" else self.admission.binding
+        return call(job.review, can_read=self.kube is not None)
 
     async def _fetch(self, need: Need) -> dict[str, Any] | None:
         """A bounded read of an object the indexes lack; None when it fails or takes too long."""
