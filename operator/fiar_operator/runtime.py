@@ -113,6 +113,8 @@ class StatusWriter:
         for name in due:
             del self._due[name]
         everything = set(self.store.policy_objects) if nodes else set()
+        if len(self._written) > 2 * len(self.store.policy_objects) + 100:  # forget deleted policies
+            self._written = {n: t for n, t in self._written.items() if n in self.store.policy_objects}
         written = 0
         for name in sorted(names | due | everything):
             deferrable = name not in names

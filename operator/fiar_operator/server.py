@@ -183,7 +183,8 @@ sends a review at once; only a slow body or a stuck answer takes this long)."""
 class _Connections:
     """The open connections of one site: at most ``limit``. To admit one more, one is closed: first
     one that never completed a request, then one in a request for over ``SLOW_REQUEST``, then the
-    one idle the longest. A connection that answers promptly is closed last."""
+    one idle the longest, if for over ``SLOW_REQUEST``. When none qualifies, the newcomer is closed:
+    a connection that was answered moments ago (the API server's) is never closed for a new one."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -192,6 +193,7 @@ class _Connections:
         self.active: dict[object, float] = {}
         """Connection -> when its last request ended (a connection that never sent one: absent)."""
         self.evicted = 0
+        self.refused = 0
 
     def _order(self, handler: object, now: float) -> tuple[int, float] | None:
         if handler in self.busy:
@@ -199,7 +201,8 @@ class _Connections:
             return (1, since) if now - since > SLOW_REQUEST else None
         if handler not in self.active:
             return (0, 0.0)
-        return (2, self.active[handler])
+        last = self.active[handler]
+        return (2, last) if now - last > SLOW_REQUEST else None
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
@@ -219,9 +222,22 @@ class _Connections:
                 if transport is not None:
                     transport.abort()  # free the socket now, not after a TLS shutdown
                 self.evicted += 1
+            if len(ranked) < excess:
+                self.refused += 1
+                return _Refused()
             return server()
 
         return make
+
+
+class _Refused(asyncio.Protocol):
+    """A connection admitted over the cap: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, asyncio.Transport):
+            transport.abort()
+        else:
+            transport.close()
 
 
 class _Site(web.BaseSite):
