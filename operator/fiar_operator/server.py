@@ -371,13 +371,19 @@ class Server:
             loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
             for runner in runners:
                 loop.run_until_complete(runner.cleanup())
+            left = asyncio.all_tasks(loop)  # requests of clients that never finished sending
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             loop.close()
 
     async def _site(
         self, app: web.Application, host: str, port: int, tls: TlsFiles | None, guard: _Connections
     ) -> web.AppRunner:
         app.middlewares.append(_mark_busy(guard))
-        runner = web.AppRunner(app, access_log=None, keepalive_timeout=self.bounds.idle_timeout)
+        runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=self.bounds.idle_timeout, shutdown_timeout=SHUTDOWN_TIMEOUT
+        )
         await runner.setup()
         await _Site(runner, host, port, tls.context if tls else None, guard, self.bounds.handshake_timeout).start()
         return runner
