@@ -70,7 +70,7 @@ class MemoEntry:
 
 def memo_record(record: PodRecord, group_label: str | None) -> PodRecord:
     """The part of an admitted pod's record a binding decision reads: its policy and, of its labels,
-    only the policy's group key (policy, group, node constraint)."""
+    only the policy's group key (policy, group, IMEX channel claims, node constraint)."""
     labels = {group_label: record.labels[group_label]} if group_label and group_label in record.labels else {}
     return PodRecord(
         namespace=record.namespace,
@@ -82,6 +82,7 @@ def memo_record(record: PodRecord, group_label: str | None) -> PodRecord:
         constraint=record.constraint,
         pinned_backend=record.pinned_backend,
         clique_affinity=frozenset(p for p in record.clique_affinity if p[0] == group_label),
+        imex_claims=record.imex_claims,
     )
 
 
@@ -94,6 +95,7 @@ def memo_size(record: PodRecord) -> int:
         for requirement in term:
             strings += [requirement.key, requirement.operator, *requirement.values]
     strings += [s for pair in record.clique_affinity for s in pair]
+    strings += record.imex_claims
     return ENTRY_OVERHEAD + sum(len(s) + 50 for s in strings)
 
 
