@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import decide, mutation, patches
+from fiar_operator import decide, limits, mutation, patches
 from fiar_operator.errors import ReviewError
 from fiar_operator.metrics import Metrics
+from fiar_operator.names import is_namespace_name, is_object, is_pod_name
 from fiar_operator.pods import PodRecord, group_plan, pod_record
 from fiar_operator.policy import covers_namespace, select_policy
 from fiar_operator.store import Store
+
+log = logging.getLogger(__name__)
 
 REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
@@ -61,6 +65,8 @@ def parse_review(body: bytes) -> Review:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReviewError(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ReviewError("the body nests JSON too deeply") from None
     if not isinstance(doc, dict):
         raise ReviewError("an AdmissionReview must be a JSON object")
     if doc.get("kind") != "AdmissionReview":
@@ -100,7 +106,8 @@ class Admission:
     # -- helpers ---------------------------------------------------------------------------------
     def _namespace_labels(self, namespace: str, fetched: Mapping[str, Any] | None) -> dict[str, str] | None:
         labels = self.store.namespaces.get(namespace)
-        if labels is None and fetched is not None:
+        if labels is None and is_object(fetched, "Namespace", namespace):
+            assert fetched is not None
             self.store.put_namespace(fetched)
             labels = self.store.namespaces.get(namespace)
         return labels
@@ -123,6 +130,20 @@ class Admission:
             return respond(review)
         meta = pod["metadata"]
         namespace = str(request.get("namespace") or meta.get("namespace") or "")
+        if namespace and not is_namespace_name(namespace):
+            # The API server never sends this: a forged review. Nothing is read or remembered.
+            self.metrics.admission("pods", "ignored")
+            return respond(review)
+        too_large = limits.oversized(pod)
+        if too_large is not None:
+            log.warning(
+                "pod %s/%r admitted unchanged: %s",
+                namespace,
+                str(meta.get("name") or meta.get("generateName") or "")[:80],
+                too_large,
+            )
+            self.metrics.admission("pods", "oversized")
+            return respond(review, warnings=[f"pod not configured: {too_large}"])
         labels = meta.get("labels")
         pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
         policies = list(self.store.policies.values())
@@ -183,8 +204,11 @@ class Admission:
         memo = self.store.recall(namespace, name)
         if memo is not None:
             return memo, "memo"
-        if fetched is not None:
-            return self.store.put_pod(fetched), "read"
+        if is_object(fetched, "Pod", name, namespace):
+            assert fetched is not None
+            found = self.store.put_pod(fetched)
+            if not uid or found.uid == uid:
+                return found, "read"
         return None, "unknown"
 
     def binding(
@@ -203,7 +227,7 @@ class Admission:
         target = (binding.get("target") or {}).get("name")
         namespace = str(request.get("namespace") or meta.get("namespace") or "")
         name = str(request.get("name") or meta.get("name") or "")
-        if not isinstance(target, str) or not target or not namespace or not name:
+        if not isinstance(target, str) or not target or not is_namespace_name(namespace) or not is_pod_name(name):
             self.metrics.admission("binding", "ignored")
             return respond(review)
         policies = list(self.store.policies.values())

@@ -12,7 +12,7 @@ import json
 import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import urllib3
 from kubernetes import client, config
@@ -20,6 +20,7 @@ from kubernetes.config.config_exception import ConfigException
 
 import fiar_contract as contract
 from fiar_operator.errors import ApiError, ConfigurationError
+from fiar_operator.names import is_namespace_name, is_object, is_pod_name
 
 NODES: Final = "/api/v1/nodes"
 NAMESPACES: Final = "/api/v1/namespaces"
@@ -48,6 +49,11 @@ def configuration(kubeconfig: str | None = None) -> Any:
         where = kubeconfig or "in-cluster service account or ~/.kube/config"
         raise ConfigurationError(f"no usable Kubernetes credentials ({where}): {exc}") from exc
     return cfg
+
+
+def segment(name: str) -> str:
+    """``name`` as one path segment: every character but unreserved ones percent-encoded ("/" too)."""
+    return quote(name, safe="")
 
 
 def _lines(response: Any) -> Iterator[bytes]:
@@ -207,24 +213,36 @@ class Kube:
 
     # -- the calls the operator makes ------------------------------------------------------------
     def get_pod(self, namespace: str, name: str, timeout: float = 1.0) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", timeout=timeout)
-        return result
+        """The pod ``namespace``/``name``; ApiError for an invalid name (no request is made) or an
+        answer that is not that pod."""
+        if not is_namespace_name(namespace) or not is_pod_name(name):
+            raise ApiError(f"not a pod name: {namespace[:80]!r}/{name[:260]!r}")
+        result = self.call("GET", f"{NAMESPACES}/{segment(namespace)}/pods/{segment(name)}", timeout=timeout)
+        if not is_object(result, "Pod", name, namespace):
+            raise ApiError(f"GET pod {namespace}/{name}: the answer is not that pod")
+        return dict(result)
 
     def get_namespace(self, name: str, timeout: float = 1.0) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("GET", f"{NAMESPACES}/{name}", timeout=timeout)
-        return result
+        """The namespace ``name``; ApiError for an invalid name (no request is made) or an answer that
+        is not that namespace."""
+        if not is_namespace_name(name):
+            raise ApiError(f"not a namespace name: {name[:80]!r}")
+        result = self.call("GET", f"{NAMESPACES}/{segment(name)}", timeout=timeout)
+        if not is_object(result, "Namespace", name):
+            raise ApiError(f"GET namespace {name}: the answer is not that namespace")
+        return dict(result)
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> dict[str, Any]:
         """Merge annotations into a pod; the uid precondition keeps a same-named successor untouched."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
         result: dict[str, Any] = self.call(
-            "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body, content_type=MERGE_PATCH
+            "PATCH", f"{NAMESPACES}/{segment(namespace)}/pods/{segment(name)}", body=body, content_type=MERGE_PATCH
         )
         return result
 
     def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.call(
-            "PATCH", f"{POLICIES}/{name}/status", body={"status": dict(status)}, content_type=MERGE_PATCH
+            "PATCH", f"{POLICIES}/{segment(name)}/status", body={"status": dict(status)}, content_type=MERGE_PATCH
         )
         return result
 

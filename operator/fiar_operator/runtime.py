@@ -8,7 +8,9 @@ by the informers' changes: each kind is watched once per replica, and each chang
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
@@ -38,8 +40,32 @@ PATCHERS: Final = 8
 PEERINGS = "/apis/kopf.dev/v1/clusterkopfpeerings"
 
 
+STATUS_BACKOFF_MAX: Final = 60.0
+"""Seconds between attempts at most, for a policy whose status write keeps failing."""
+NODE_COUNTS_REFRESH: Final = 60.0
+"""Seconds a policy's status may show stale cluster-wide node counts (``status.nodes`` other than
+``verified``): a node's verdict flip rewrites at once only the policies whose own figures changed."""
+
+
+def only_node_counts_differ(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> bool:
+    """Whether ``status`` differs from ``previous`` only in the cluster-wide node counts (the same for
+    every policy), not in the policy's own ``verified`` count, pods or conditions."""
+    if previous is None or not isinstance(previous.get("nodes"), Mapping):
+        return False
+    old_nodes, new_nodes = previous["nodes"], status.get("nodes") or {}
+    if old_nodes.get("verified") != new_nodes.get("verified"):
+        return False
+    return all(previous.get(k) == v for k, v in status.items() if k != "nodes")
+
+
 class StatusWriter:
-    """Writes policy statuses for the policies marked since the last pass (batched, only on change)."""
+    """Writes policy statuses for the policies marked since the last pass (batched, only on change).
+
+    A failed write is retried with exponential backoff (``interval`` doubling up to
+    ``STATUS_BACKOFF_MAX``, with jitter). Node changes mark every policy, but a policy whose status
+    would change only in the cluster-wide node counts is written at most every
+    ``NODE_COUNTS_REFRESH``: one node flip rewrites only the policies whose own figures changed.
+    """
 
     def __init__(
         self,
@@ -48,18 +74,27 @@ class StatusWriter:
         interval: float,
         clock: Callable[[], str] = utc_now,
         unconfigured: Callable[[str], Sequence[str]] = lambda _name: (),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.kube, self.interval, self.clock = store, kube, interval, clock
         self.unconfigured = unconfigured
+        self.monotonic = monotonic
         self._marked: set[str] = set()
+        self._nodes_marked = False
+        self._due: dict[str, float] = {}
+        """Policy -> when its next write is due (a retry after a failure, or a deferred refresh)."""
+        self._failures: dict[str, int] = {}
+        self._written: dict[str, float] = {}
+        """Policy -> when its status was last written."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="status-writer", daemon=True)
 
     def mark(self, name: str | None = None) -> None:
+        """Ask for a write of ``name``'s status; None: of every policy, after a node change."""
         with self._lock:
             if name is None:
-                self._marked.update(self.store.policy_objects)
+                self._nodes_marked = True
             else:
                 self._marked.add(name)
 
@@ -69,23 +104,56 @@ class StatusWriter:
     def stop(self) -> None:
         self._stop.set()
 
+    def failures(self, name: str) -> int:
+        """Failed writes of ``name``'s status since its last success."""
+        return self._failures.get(name, 0)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with self._lock:
-                names, self._marked = self._marked, set()
-            for name in sorted(names):
-                try:
-                    self.write(name)
-                except ApiError as exc:
-                    log.warning("status of policy %s not written: %s", name, exc)
-                    if exc.status != 404:
-                        self.mark(name)
+            self.flush()
 
-    def write(self, name: str) -> bool:
-        """Write one policy's status if it changed; whether it was written."""
+    def flush(self) -> int:
+        """One pass: write every marked or due status that changed; how many were written."""
+        now = self.monotonic()
+        with self._lock:
+            names, self._marked = self._marked, set()
+            nodes, self._nodes_marked = self._nodes_marked, False
+        due = {n for n, when in self._due.items() if when <= now}
+        for name in due:
+            del self._due[name]
+        everything = set(self.store.policy_objects) if nodes else set()
+        if len(self._written) > 2 * len(self.store.policy_objects) + 100:  # forget deleted policies
+            self._written = {n: t for n, t in self._written.items() if n in self.store.policy_objects}
+        written = 0
+        for name in sorted(names | due | everything):
+            deferrable = name not in names
+            try:
+                result = self.write(name, deferrable=deferrable)
+            except ApiError as exc:
+                if exc.status == 404:
+                    self._failures.pop(name, None)
+                    continue
+                failures = self._failures[name] = self._failures.get(name, 0) + 1
+                delay = min(self.interval * 2**failures, STATUS_BACKOFF_MAX) * random.uniform(0.5, 1.0)
+                self._due[name] = min(self._due.get(name, now + delay), now + delay)
+                log.warning(
+                    "status of policy %s not written (attempt %d, next in %.1f s): %s", name, failures, delay, exc
+                )
+                continue
+            self._failures.pop(name, None)
+            if result == "written":
+                written += 1
+                self._written[name] = now
+            elif result == "deferred":
+                self._due.setdefault(name, self._written.get(name, now) + NODE_COUNTS_REFRESH)
+        return written
+
+    def write(self, name: str, deferrable: bool = False) -> str:
+        """Write one policy's status if it changed: ``written``, ``unchanged``, or ``deferred`` (only
+        the node counts changed, ``deferrable``, and it was written less than NODE_COUNTS_REFRESH ago)."""
         obj = self.store.policy_objects.get(name)
         if obj is None:
-            return False
+            return "unchanged"
         previous = obj.get("status")
         policy = self.store.policies.get(name)
         now = self.clock()
@@ -99,9 +167,17 @@ class StatusWriter:
                 generation, self.store.policy_errors.get(name, "invalid spec"), previous, now
             )
         if reconcile.same_status(previous, status):
-            return False
+            return "unchanged"
+        last = self._written.get(name)
+        if (
+            deferrable
+            and last is not None
+            and self.monotonic() - last < NODE_COUNTS_REFRESH
+            and only_node_counts_differ(previous, status)
+        ):
+            return "deferred"
         self.store.put_policy(self.kube.patch_policy_status(name, status))
-        return True
+        return "written"
 
 
 def fiar_labels(labels: Mapping[str, str]) -> dict[str, str]:

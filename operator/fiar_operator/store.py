@@ -24,10 +24,15 @@ from fiar_operator.pods import GENERATED_BASE_MAX, PodRecord, generated_base, po
 
 log = logging.getLogger(__name__)
 
-MEMO_LIMIT: Final = 50_000
-"""Admission-memo entries kept at most (oldest dropped first)."""
-MEMO_TTL: Final = 15 * 60.0
-"""Seconds an admission-memo entry is trusted; by then the pod watch has long seen the pod."""
+MEMO_BYTES: Final = 16 * 1024 * 1024
+"""Estimated bytes the admission memo holds at most (oldest entries dropped first)."""
+MEMO_ENTRY_BYTES: Final = 16 * 1024
+"""An entry estimated larger than this is not kept (its binding reads the pod instead)."""
+MEMO_TTL: Final = 120.0
+"""Seconds an admission-memo entry is trusted. It only bridges a pod's CREATE and its first watch
+event (usually milliseconds apart); after that the pod index answers."""
+ENTRY_OVERHEAD: Final = 600
+"""Estimated bytes of an entry beyond its strings (objects, dict slots, the key)."""
 
 
 def _newer(new: str, old: str) -> bool:
@@ -56,8 +61,42 @@ def describe(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class MemoEntry:
-    record: PodRecord
+    record: PodRecord | None
+    """What a binding needs of the pod; None: two different pods were admitted under this key
+    within the TTL (a forged review, or a changed template), so the memo answers nothing for it."""
     expires: float
+    size: int
+
+
+def memo_record(record: PodRecord, group_label: str | None) -> PodRecord:
+    """The part of an admitted pod's record a binding decision reads: its policy and, of its labels,
+    only the policy's group key (policy, group, IMEX channel claims, node constraint)."""
+    labels = {group_label: record.labels[group_label]} if group_label and group_label in record.labels else {}
+    return PodRecord(
+        namespace=record.namespace,
+        name=record.name,
+        generate_name=record.generate_name,
+        policy=record.policy,
+        labels=labels,
+        lws_size=record.lws_size,
+        constraint=record.constraint,
+        pinned_backend=record.pinned_backend,
+        clique_affinity=frozenset(p for p in record.clique_affinity if p[0] == group_label),
+        imex_claims=record.imex_claims,
+    )
+
+
+def memo_size(record: PodRecord) -> int:
+    """Estimated bytes a memo entry for ``record`` holds."""
+    strings = [record.namespace, record.name, record.generate_name, record.policy or ""]
+    strings += [*record.labels, *record.labels.values()]
+    strings += [s for pair in record.constraint.node_selector for s in pair]
+    for term in record.constraint.terms:
+        for requirement in term:
+            strings += [requirement.key, requirement.operator, *requirement.values]
+    strings += [s for pair in record.clique_affinity for s in pair]
+    strings += record.imex_claims
+    return ENTRY_OVERHEAD + sum(len(s) + 50 for s in strings)
 
 
 class Store:
@@ -75,6 +114,7 @@ class Store:
         self.by_node: dict[str, set[tuple[str, str]]] = {}
         self.by_policy: dict[str, set[tuple[str, str]]] = {}
         self._memo: OrderedDict[tuple[str, str, bool], MemoEntry] = OrderedDict()
+        self._memo_bytes = 0
         self.synced: dict[str, bool] = {}
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -217,19 +257,48 @@ class Store:
         return [p for p in self.pods_of_policy(policy) if p.namespace == namespace and p.labels.get(label) == key]
 
     # -- admission memo --------------------------------------------------------------------------
-    def remember(self, record: PodRecord) -> None:
-        """Remember a pod admitted at CREATE (by name, or by generateName for generated names)."""
+    def remember(self, record: PodRecord) -> bool:
+        """Remember what a binding needs of a pod admitted at CREATE (by name, or by generateName for
+        generated names); whether it was kept. Expired entries are dropped on every insert, and the
+        oldest ones while the memo is over ``MEMO_BYTES``. A key that gets a different record within
+        the TTL answers nothing until it expires: a CREATE review is unauthenticated input, so the
+        memo never lets a second one overrule the first (see docs/operator.md)."""
         if record.name:
             key = (record.namespace, record.name, False)
         elif record.generate_name:
             key = (record.namespace, record.generate_name[:GENERATED_BASE_MAX], True)
         else:
-            return
+            return False
+        policy = self.policies.get(record.policy or "")
+        slim = memo_record(record, policy.group_key_label if policy is not None else None)
+        size = memo_size(slim)
+        if size > MEMO_ENTRY_BYTES:
+            return False
         with self._lock:
-            self._memo.pop(key, None)
-            self._memo[key] = MemoEntry(record, self._clock() + MEMO_TTL)
-            while len(self._memo) > MEMO_LIMIT:
-                self._memo.popitem(last=False)
+            now = self._clock()
+            self._expire(now)
+            old = self._memo.pop(key, None)
+            if old is not None:
+                self._memo_bytes -= old.size
+                if old.record != slim:
+                    self._memo[key] = MemoEntry(None, now + MEMO_TTL, ENTRY_OVERHEAD)
+                    self._memo_bytes += ENTRY_OVERHEAD
+                    return False
+            self._memo[key] = MemoEntry(slim, now + MEMO_TTL, size)
+            self._memo_bytes += size
+            while self._memo_bytes > MEMO_BYTES and self._memo:
+                _, dropped = self._memo.popitem(last=False)
+                self._memo_bytes -= dropped.size
+        return True
+
+    def _expire(self, now: float) -> None:
+        """Drop the expired entries (every insert moves its key to the end: insertion order is expiry order)."""
+        while self._memo:
+            key, entry = next(iter(self._memo.items()))
+            if entry.expires > now:
+                return
+            del self._memo[key]
+            self._memo_bytes -= entry.size
 
     def recall(self, namespace: str, name: str) -> PodRecord | None:
         """The admission-memo entry for a bound pod's name, exact or by its generateName prefix."""
@@ -243,6 +312,10 @@ class Store:
             if entry is not None and entry.expires > now:
                 return entry.record
         return None
+
+    def memo_bytes(self) -> int:
+        """Estimated bytes the admission memo holds."""
+        return self._memo_bytes
 
     def sizes(self) -> dict[str, int]:
         return {

@@ -60,7 +60,10 @@ class Unconfigured:
         """Uids of pods that got their NotConfigured event."""
         self._waiting: dict[str, tuple[Key, str]] = {}
         """Uid -> (pod key, policy name) of pods whose event the rate limit held back, oldest first."""
-        self._swept: tuple[object, ...] | None = None
+        self._swept_policies: object = None
+        """The policies (name, uid, generation) at the last sweep."""
+        self._swept_namespaces: dict[str, dict[str, str]] = {}
+        """Namespace labels at the last sweep."""
         self._refreshed = clock()
 
     # -- reading (status writer) -----------------------------------------------------------------
@@ -154,32 +157,44 @@ class Unconfigured:
     def forget_sweep(self) -> None:
         """Make the next ``sweep`` recompute even when no policy or namespace changed (a full pass)."""
         with self._lock:
-            self._swept = None
+            self._swept_policies = None
 
     def sweep(self) -> list[Event]:
-        """Recompute every policy's unconfigured pods from the pod index, when a policy was created,
-        changed or deleted, or a namespace's labels changed since the last sweep (not on status writes)."""
+        """Recompute the unconfigured pods after a policy was created, changed or deleted (every pod),
+        or after namespaces' labels changed (only the pods of those namespaces); nothing on status
+        writes or other events that change neither."""
         with self._lock:
             policies = dict(self.store.policies)
             namespaces = {name: dict(labels) for name, labels in list(self.store.namespaces.items())}
             objects = list(self.store.policy_objects.items())
             uids = {name: str((obj.get("metadata") or {}).get("uid") or "") for name, obj in objects}
-            key = (sorted((n, uids.get(n, ""), p.generation) for n, p in policies.items()), namespaces)
-            if key == self._swept:
-                return []
-            self._swept = key
+            signature = sorted((n, uids.get(n, ""), p.generation) for n, p in policies.items())
+            if signature != self._swept_policies:
+                changed: set[str] | None = None  # every namespace
+            else:
+                old = self._swept_namespaces
+                changed = {n for n in old.keys() | namespaces.keys() if old.get(n) != namespaces.get(n)}
+                if not changed:
+                    return []
+            self._swept_policies, self._swept_namespaces = signature, namespaces
             pods = self.store.all_pods()
+            if changed is not None:
+                pods = [p for p in pods if p.namespace in changed]
             found = reconcile.unconfigured_pods(pods, policies.values(), namespaces, self.excluded)
             for name in set(self._pods) | set(found):
                 fresh = {p.key: p.uid for p in found.get(name, [])}
+                if changed is not None:  # keep the entries of the namespaces that did not change
+                    kept = self._pods.get(name, {})
+                    fresh = {k: u for k, u in kept.items() if k[0] not in changed} | fresh
                 if self._pods.get(name) != fresh:
                     self.mark(name)
                 if name in policies:
                     self._pods[name] = fresh
                 else:
                     self._pods.pop(name, None)
-            alive = {p.uid for p in pods}
-            self._warned &= alive  # forget pods that are gone
+            if changed is None:
+                alive = {p.uid for p in pods}
+                self._warned &= alive  # forget pods that are gone
             events: list[Event] = []
             for name, records in sorted(found.items()):
                 for record in records:

@@ -25,6 +25,7 @@ CUSTOM_VALUES: dict[str, Any] = {
     "operator.webhook.excludeNamespaces[0]": "batch",
     "operator.verbose": True,
     "operator.podDisruptionBudget.minAvailable": 2,
+    "operator.networkPolicy.webhookFrom[0].ipBlock.cidr": "10.0.0.0/24",
     "agent.runtimeClassName": "nvidia",
     "agent.probe.forbidMulticast": True,
     "agent.probe.benchmark": False,
@@ -116,6 +117,10 @@ def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_
     assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
     assert sec["capabilities"] == {"drop": ["ALL"]}
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
+    assert policies == {"fiar-agent-own-node", "fiar-operator-fiar-keys-only"}
+    ingress = kinds["NetworkPolicy"][0]["spec"]["ingress"]
+    assert [rule["ports"][0]["port"] for rule in ingress] == [9443, 8080]  # nothing else reaches the pods
 
     webhooks = kinds["MutatingWebhookConfiguration"][0]["webhooks"]
     assert {w["name"] for w in webhooks} == {"pods.fiar.io", "binding.fiar.io"}
@@ -164,6 +169,10 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert excluded == {"kube-system", "gpu-ops", "batch"}
     assert all(w["timeoutSeconds"] == 1 for w in webhooks)
     assert "--exclude-namespace=batch" in kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    webhook_rule = kinds["NetworkPolicy"][0]["spec"]["ingress"][0]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    operator_policy = next(p for p in kinds["ValidatingAdmissionPolicy"] if "operator" in p["metadata"]["name"])
+    assert '["kube-system","gpu-ops","batch"]' in operator_policy["spec"]["variables"][0]["expression"]
     ds = kinds["DaemonSet"][0]["spec"]["template"]["spec"]
     assert ds["runtimeClassName"] == "nvidia"
     config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "gpu-fiar-agent")["data"]

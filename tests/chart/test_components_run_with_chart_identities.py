@@ -152,3 +152,47 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
     finally:
         agent.stop()
         operator.stop()
+
+
+def test_the_operator_account_may_change_only_fiar_keys_of_pods_outside_excluded_namespaces(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    operator_kubeconfig = plane.write_kubeconfig(tmp_path / "operator.kubeconfig", "fiar-operator",
+                                                 token=plane.service_account_token(NAMESPACE, "fiar-operator"))
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "web", "labels": {"app": "web"}, "annotations": {"team": "a"}},
+           "spec": {"nodeName": "nowhere", "containers": [{"name": "web", "image": "nginx"}]}}
+    apps = plane.create_namespace("apps")
+    ignored = plane.create_namespace("ignored", {contract.NAMESPACE_IGNORE_LABEL: ""})
+    with plane.api_client() as admin_api:
+        admin = client.CoreV1Api(admin_api)
+        for namespace in (apps, ignored, NAMESPACE, "kube-system"):
+            admin.create_namespaced_pod(namespace, pod)
+        from kubernetes import config
+
+        with config.new_client_from_config(str(operator_kubeconfig)) as operator_api:
+            as_operator = client.CoreV1Api(operator_api)
+
+            def patch(namespace: str, body: dict[str, Any], dry_run: str | None = None) -> int:
+                try:
+                    as_operator.patch_namespaced_pod("web", namespace, body, dry_run=dry_run)
+                    return 200
+                except client.ApiException as exc:
+                    return int(exc.status)
+
+            evil_image = {"spec": {"containers": [{"name": "web", "image": "attacker.example/evil"}]}}
+            # The API server loads a new admission policy within a few seconds: probe with dry runs.
+            wait_for(lambda: patch(apps, evil_image, dry_run="All") == 403, 30, "the operator's admission policy")
+            fiar_keys = {"metadata": {"annotations": {contract.ANNOTATION_POD_BACKEND: "trtllm"},
+                                      "labels": {contract.LABEL_POD_POLICY: "vllm"}}}
+            assert patch(apps, fiar_keys) == 200
+            assert patch(apps, {"metadata": {"annotations": {contract.ANNOTATION_POD_BACKEND: None}}}) == 200
+            assert patch(apps, evil_image) == 403
+            assert patch(apps, {"metadata": {"labels": {"app": "evil"}}}) == 403
+            assert patch(apps, {"metadata": {"annotations": {"team": "b"}}}) == 403
+            assert patch(apps, {"metadata": {"finalizers": ["example.com/stuck"]}}) == 403
+            for excluded in (ignored, NAMESPACE, "kube-system"):
+                assert patch(excluded, fiar_keys) == 403, excluded
+        current = admin.read_namespaced_pod("web", apps)
+        assert current.spec.containers[0].image == "nginx" and current.metadata.labels["app"] == "web"
+        assert current.metadata.labels[contract.LABEL_POD_POLICY] == "vllm"

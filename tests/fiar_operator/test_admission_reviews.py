@@ -208,6 +208,7 @@ def test_unknown_pod_in_a_covered_namespace_asks_for_a_bounded_read(admission: A
     first = admission.binding(parse_review(bind("stranger")))
     assert first == Need("pod", "ml", "stranger")
     fetched = {
+        "kind": "Pod",
         "metadata": {
             "name": "stranger",
             "namespace": "ml",
@@ -235,7 +236,8 @@ def test_dry_run_leaves_no_trace(admission: Admission, store: Store) -> None:
 def test_unknown_namespace_is_read_once_when_a_selector_needs_its_labels(admission: Admission, store: Store) -> None:
     body = parse_review(create(namespace="fresh"))
     assert admission.pod_create(body) == Need("namespace", "fresh")
-    answer = admission.pod_create(body, fetched={"metadata": {"name": "fresh", "labels": {"gpu": "yes"}}})
+    fresh = {"kind": "Namespace", "metadata": {"name": "fresh", "labels": {"gpu": "yes"}}}
+    answer = admission.pod_create(body, fetched=fresh)
     assert ops(answer) and store.namespaces["fresh"] == {"gpu": "yes"}
 
 
@@ -286,7 +288,7 @@ def test_pod_in_a_namespace_whose_labels_cannot_be_read_is_left_alone(admission:
     assert isinstance(answer, dict) and any("vault unknown" in w for w in answer["response"]["warnings"])
     assert admissions(admission.metrics, "namespace_unknown") == 1
     assert ops(admission.binding(parse_review(bind("vllm-7d9f-x2k4q", namespace="vault")))) == []
-    secret = {"metadata": {"name": "vault", "labels": {"tier": "secret"}}}
+    secret = {"kind": "Namespace", "metadata": {"name": "vault", "labels": {"tier": "secret"}}}
     assert ops(admission.pod_create(body, fetched=secret, can_read=False)) == []
     assert admissions(admission.metrics, "unmanaged") == 1
 

@@ -83,3 +83,22 @@ def test_oversized_body_is_refused_and_the_operator_keeps_mutating(operator: Any
     created = kit.pod(namespace, "still-served", nodeName="nowhere")
     assert created["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND] == "auto"
     assert operator.counter("fiar_admission_requests_total", result="bad_request") >= 2 * len(BAD_REQUESTS)
+
+
+def test_a_forged_namespace_path_cannot_rewrite_a_namespaces_labels(operator: Any, kit: Any, namespace: str) -> None:
+    kit.policy(f"forged-{kit.unique}", namespace)
+    # A pod in another namespace, named like the victim namespace and labelled as if it were ignored.
+    attacker = operator.plane.create_namespace(f"atk-{kit.unique}")
+    decoy = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": namespace, "labels": {contract.NAMESPACE_IGNORE_LABEL: ""}},
+        "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    kit.kube.call("POST", f"/api/v1/namespaces/{attacker}/pods", body=decoy)
+    pod = {"metadata": {"name": "p", "labels": {"app": "vllm"}}, "spec": {"containers": [{"name": "vllm"}]}}
+    forged = {"uid": "forged", "operation": "CREATE", "namespace": f"{attacker}/pods/{namespace}", "object": pod}
+    status, answer = operator.post("/mutate/pods", json.dumps({**ENVELOPE, "request": forged}).encode())
+    assert status == 200 and answer["response"]["allowed"] is True and "patch" not in answer["response"]
+    created = kit.pod(namespace, "after-forgery", nodeName="nowhere")
+    assert created["metadata"]["labels"].get(contract.LABEL_POD_POLICY) == f"forged-{kit.unique}"

@@ -263,3 +263,13 @@ def test_status_counts_pods_with_the_fusion_off_and_pods_whose_command_fiar_cann
     assert (status["pods"]["fusionOff"], status["pods"]["fusionUncontrolled"]) == (1, 1)
     disabled = policy_status(policy(fusionControl="Disabled"), {}, [shell], None, "2026-12-01T00:00:00Z")
     assert disabled["pods"]["fusionUncontrolled"] == 0
+
+
+def test_a_group_pod_answered_from_the_admission_memo_keeps_its_imex_channel_claim() -> None:
+    from fiar_operator.store import memo_record
+
+    pod = lws_pod([{"name": "mnnvl-claim", "resourceClaimTemplateName": "cd-0"}], ["mnnvl-claim"])
+    record = pod_record(pod)
+    p = policy()
+    assert group_plan(record, p).imex
+    assert group_plan(memo_record(record, p.group_key_label), p) == group_plan(record, p)

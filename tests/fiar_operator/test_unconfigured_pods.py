@@ -331,3 +331,30 @@ def test_pods_created_before_their_policy_are_reported_until_recreated(operator:
     condition = {c["type"]: c for c in status["conditions"]}["UnconfiguredPods"]
     assert condition["status"] == "False" and condition["reason"] == "AllPodsConfigured"
     kit.wait(lambda: kit.get_policy(name)["status"]["pods"]["decided"] == 1, 30, "the new pod decided")
+
+
+def test_a_namespace_change_sweeps_only_that_namespaces_pods() -> None:
+    store = Store()
+    for ns in ("ml", "web"):
+        store.put_namespace({"metadata": {"name": ns, "resourceVersion": "1", "labels": {"team": ns}}})
+        for i in range(50):
+            store.put_pod({**body(f"{ns}-{i}"), "metadata": {**body(f"{ns}-{i}")["metadata"], "namespace": ns}})
+    for i in range(20):
+        store.put_policy(policy_body(f"p{i}", namespaceSelector={"matchLabels": {"team": "ml"}}, priority=i))
+    considered: list[str] = []
+
+    def excluded(namespace: str) -> bool:  # the sweep asks once per pod it considers
+        considered.append(namespace)
+        return False
+
+    tracker = Unconfigured(store, excluded, lambda name: None)
+    tracker.sweep()
+    assert len(considered) == 100 and tracker.pods("p19") == [f"ml/ml-{i}" for i in sorted(range(50), key=str)]
+    considered.clear()
+    store.put_namespace({"metadata": {"name": "web", "resourceVersion": "2", "labels": {"team": "ml"}}})
+    tracker.sweep()
+    assert set(considered) == {"web"} and len(considered) == 50
+    assert len(tracker.pods("p19")) == 100  # the pods of ml kept, web's added
+    considered.clear()
+    tracker.sweep()
+    assert considered == []  # nothing changed: nothing swept

@@ -1,0 +1,231 @@
+"""The webhook port under hostile clients: bodies, slow and idle connections, too many connections,
+deep JSON, expensive reviews, and a certificate rotation that goes wrong."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import pki
+from fiar_operator.admission import Admission, Need, Review
+from fiar_operator.metrics import Metrics
+from fiar_operator.server import Bounds, Server
+from fiar_operator.settings import Settings
+from fiar_operator.store import Store
+
+SMALL = Bounds(max_body=64 * 1024, read_deadline=0.5, work_deadline=0.5, max_connections=6, idle_timeout=0.6)
+
+
+class HeldAdmission(Admission):
+    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        super().__init__(store, metrics)
+        self.release = threading.Event()
+
+    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
+        if review.uid == "held":
+            self.release.wait(10)
+        return super().pod_create(review, fetched, can_read)
+
+
+@pytest.fixture
+def ca() -> pki.CertificateAuthority:
+    return pki.CertificateAuthority()
+
+
+def start(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
+    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
+    (workdir / "ca.crt").write_bytes(ca.cert_pem)
+    store = Store()
+    for kind in ("nodes", "namespaces", "policies", "pods"):
+        store.replace_all(kind, [])
+    metrics = Metrics(store.sizes)
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
+    )
+    admission = HeldAdmission(store, metrics)
+    server = Server(admission, metrics, settings, None, lambda: store.synced, bounds)
+    server.start()
+    return server, admission
+
+
+@pytest.fixture
+def served(ca: pki.CertificateAuthority, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+    server, admission = start(ca, tmp_path, SMALL)
+    yield server, tmp_path
+    admission.release.set()
+    server.stop()
+
+
+def context(workdir: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+
+
+def review(uid: str = "u", **request: Any) -> bytes:
+    body = {"uid": uid, "operation": "CREATE", "namespace": "ml", "object": {"metadata": {}, "spec": {}}, **request}
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}).encode()
+
+
+def post(server: Server, workdir: Path, body: bytes, timeout: float = 5) -> tuple[int, Any]:
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context(workdir), timeout=timeout)
+    try:
+        conn.request("POST", "/mutate/pods", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def tls_socket(server: Server, workdir: Path) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    return context(workdir).wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def closed_by_server(sock: ssl.SSLSocket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except (ssl.SSLError, ConnectionError):
+        return True
+
+
+def readyz(server: Server) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=5)
+    conn.request("GET", "/readyz")
+    response = conn.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_a_body_larger_than_the_api_server_sends_is_refused_unread(served: tuple[Server, Path]) -> None:
+    server, workdir = served
+    big = review(labels_padding="x" * (SMALL.max_body + 1))
+    status, answer = post(server, workdir, big)
+    assert status == 413 and "exceeds" in answer["error"]
+    assert post(server, workdir, review())[0] == 200
+
+
+def test_a_slow_body_is_cut_off_and_other_reviews_are_answered(served: tuple[Server, Path]) -> None:
+    server, workdir = served
+    slow = tls_socket(server, workdir)
+    slow.sendall(b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+    assert post(server, workdir, review())[0] == 200
+    slow.settimeout(5)
+    assert slow.recv(100).startswith(b"HTTP/1.1 408")
+    slow.close()
+
+
+def test_slow_headers_and_idle_connections_are_closed(served: tuple[Server, Path]) -> None:
+    server, workdir = served
+    idle, slow = tls_socket(server, workdir), tls_socket(server, workdir)
+    for _ in range(4):  # a header line every 0.2 s never completes the request within the timeout
+        slow.sendall(b"X-Slow: 1\r\n" if _ else b"POST /mutate/pods HTTP/1.1\r\n")
+        time.sleep(0.2)
+    assert closed_by_server(slow, 3) and closed_by_server(idle, 3)
+
+
+def test_over_the_connection_cap_the_longest_idle_connection_makes_room(served: tuple[Server, Path]) -> None:
+    server, workdir = served
+    held = [tls_socket(server, workdir) for _ in range(SMALL.max_connections)]
+    time.sleep(0.1)
+    assert post(server, workdir, review())[0] == 200
+    assert closed_by_server(held[0], 0.3)
+    assert server.connections.evicted >= 1
+    for sock in held:
+        sock.close()
+
+
+def test_over_the_cap_slow_requests_are_closed_and_a_prompt_connection_is_kept(
+    ca: pki.CertificateAuthority, tmp_path: Path
+) -> None:
+    server, admission = start(ca, tmp_path, Bounds(max_connections=4, read_deadline=10, idle_timeout=10))
+    try:
+        prompt = http.client.HTTPSConnection("127.0.0.1", server.port, context=context(tmp_path), timeout=5)
+        prompt.request("POST", "/mutate/pods", review("first"))
+        first = prompt.getresponse()
+        assert first.status == 200 and first.read()
+        slow = []
+        for _ in range(3):
+            sock = tls_socket(server, tmp_path)
+            sock.sendall(b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            slow.append(sock)
+        time.sleep(0.2)
+        with pytest.raises((ssl.SSLError, OSError, http.client.HTTPException)):
+            post(server, tmp_path, review("too-early"))  # nothing may be closed for it yet
+        assert server.connections.refused == 1
+        time.sleep(1.1)  # the slow requests are now over SLOW_REQUEST
+        assert post(server, tmp_path, review("newcomer"))[0] == 200
+        prompt.request("POST", "/mutate/pods", review("again"))
+        assert prompt.getresponse().status == 200  # the prompt connection was kept
+        assert sum(closed_by_server(sock, 0.5) for sock in slow) >= 1
+        for sock in slow:
+            sock.close()
+        prompt.close()
+    finally:
+        admission.release.set()
+        server.stop()
+
+
+def test_deeply_nested_json_is_a_400_logged_on_one_line(
+    served: tuple[Server, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, workdir = served
+    caplog.set_level(logging.INFO)
+    deep = b'{"kind": "AdmissionReview", "request": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    status, answer = post(server, workdir, deep)
+    assert status == 400 and "deeply" in answer["error"]
+    deep_object = review(object={"metadata": {"labels": {"a": json.loads("[" * 900 + "]" * 900)}}, "spec": {}})
+    status, answer = post(server, workdir, deep_object)
+    assert status == 200 and answer["response"]["allowed"] is True
+    records = [r for r in caplog.records if r.name.startswith("fiar_operator")]
+    assert records and all(r.exc_info is None and "\n" not in r.getMessage() for r in records)
+
+
+def test_a_review_that_takes_long_does_not_hold_up_others(served: tuple[Server, Path]) -> None:
+    server, workdir = served
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(post, server, workdir, review("held"))
+        time.sleep(0.1)
+        assert post(server, workdir, review("quick"), timeout=2)[0] == 200
+        status, answer = held.result(5)
+    assert status == 200 and answer["response"] == {"uid": "held", "allowed": True}
+    assert server.metrics.admissions.labels("pods", "deadline")._value.get() == 1
+
+
+def test_a_failed_rotation_keeps_serving_the_previous_certificate(
+    served: tuple[Server, Path], ca: pki.CertificateAuthority, tmp_path: Path
+) -> None:
+    server, workdir = served
+    other = tmp_path / "other"
+    other.mkdir()
+    new_crt, _ = ca.issue("second", hosts=("127.0.0.1",)).write(other, "serving")
+    (workdir / "serving.crt").write_bytes(new_crt.read_bytes())  # a new certificate beside the old key
+    os.utime(workdir / "serving.crt", (time.time() + 5, time.time() + 5))
+    assert server.tls is not None and not server.tls.reload_if_changed()
+    with tls_socket(server, workdir) as sock:
+        assert dict(p[0] for p in sock.getpeercert()["subject"])["commonName"] == "first"  # type: ignore[index,misc]
+    status, text = readyz(server)
+    assert status == 200 and "previous one is served" in text
+
+
+def test_readiness_fails_while_tls_cannot_complete_a_handshake(served: tuple[Server, Path]) -> None:
+    server, _ = served
+    assert readyz(server)[0] == 200
+    assert server.tls is not None
+    server.tls.current = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # no certificate at all
+    status, text = readyz(server)
+    assert status == 503 and "handshake" in text
