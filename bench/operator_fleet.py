@@ -1,7 +1,7 @@
 """The operator at fleet scale, before and after, side by side in one run on one control plane.
 
 A local control plane (etcd + kube-apiserver, no kubelets, so nothing but the operator changes the
-objects) is filled with ``--nodes`` nodes and ``--pods`` pods bound to them, shaped like pods of a
+objects) is filled with pods (``--steps``) and half as many nodes, the pods bound to them, shaped like pods of a
 vLLM Deployment (env, probes, volumes, tolerations), plus one policy and ``--drift-pods`` managed pods
 on one verified node. Then each operator variant is started in turn (``--rounds`` times, alternated),
 with no webhook registered (the operator alone), and measured:
@@ -16,7 +16,7 @@ with no webhook registered (the operator alone), and measured:
 Variants: ``after`` is this tree; ``before`` is the operator source at ``--before`` (a git worktree,
 e.g. ``git worktree add /tmp/fiar-before <commit>``), put first on PYTHONPATH.
 
-    PYTHONPATH=tools .venv/bin/python bench/operator_fleet.py --before /tmp/fiar-before [--nodes 10000 --pods 20000]
+    PYTHONPATH=tools .venv/bin/python bench/operator_fleet.py --before /tmp/fiar-before [--steps 2000 20000]
 """
 
 from __future__ import annotations
@@ -122,27 +122,33 @@ def create(client: kube.Kube, path: str, body: dict[str, Any]) -> None:
             raise
 
 
-def populate(plane: ControlPlane, nodes: int, pods: int, drift_pods: int) -> None:
+def populate(plane: ControlPlane, nodes: range, pods: range) -> None:
+    """Create the nodes and pods of the given index ranges (a pod ``i`` is bound to node ``i // 2``)."""
     client = kube.Kube(plane.api_client(), pool_size=32)
-    client.apply(kube.CRDS, crd.definition())
-    wait_for(lambda: _established(client), 30, "CRD established")
-    for n in [*(f"fleet-{k}" for k in range(NAMESPACES)), DRIFT_NS]:
-        create(client, kube.NAMESPACES, {"metadata": {"name": n}})
     started = time.monotonic()
-    parallel(lambda i: create(client, kube.NODES, node_body(i)), range(nodes))
-    verified = {contract.LABEL_BACKEND: "trtllm", "kubernetes.io/hostname": DRIFT_NODE}
-    create(client, kube.NODES, {"metadata": {"name": DRIFT_NODE, "labels": verified}})
-    print(f"# {nodes} nodes in {time.monotonic() - started:.0f}s", flush=True)
+    parallel(lambda i: create(client, kube.NODES, node_body(i)), nodes)
+    print(f"# nodes {nodes.start}..{nodes.stop} in {time.monotonic() - started:.0f}s", flush=True)
     started = time.monotonic()
     parallel(
         lambda i: create(
             client,
             f"/api/v1/namespaces/fleet-{i % NAMESPACES}/pods",
-            pod_body(i, f"node-{i % nodes:05d}", f"fleet-{i % NAMESPACES}"),
+            pod_body(i, f"node-{i // 2:05d}", f"fleet-{i % NAMESPACES}"),
         ),
-        range(pods),
+        pods,
     )
-    print(f"# {pods} pods in {time.monotonic() - started:.0f}s", flush=True)
+    print(f"# pods {pods.start}..{pods.stop} in {time.monotonic() - started:.0f}s", flush=True)
+
+
+def prepare(plane: ControlPlane, drift_pods: int) -> None:
+    """The CRD, the namespaces, the drift node, the policy and its managed pods."""
+    client = kube.Kube(plane.api_client(), pool_size=32)
+    client.apply(kube.CRDS, crd.definition())
+    wait_for(lambda: _established(client), 30, "CRD established")
+    for n in [*(f"fleet-{k}" for k in range(NAMESPACES)), DRIFT_NS]:
+        create(client, kube.NAMESPACES, {"metadata": {"name": n}})
+    verified = {contract.LABEL_BACKEND: "trtllm", "kubernetes.io/hostname": DRIFT_NODE}
+    create(client, kube.NODES, {"metadata": {"name": DRIFT_NODE, "labels": verified}})
     spec = {
         "podSelector": {"matchLabels": {"app": "vllm"}},
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": DRIFT_NS}},
@@ -276,8 +282,14 @@ def run_operator(plane: ControlPlane, variant: str, source: Path | None, workdir
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=10_000)
-    parser.add_argument("--pods", type=int, default=20_000)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        default=[20_000],
+        help="pod counts to measure at, in rising order (half as many nodes); every variant runs at the "
+        "last, only 'after' at the others (the memory curve)",
+    )
     parser.add_argument("--drift-pods", type=int, default=100)
     parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
     parser.add_argument("--rounds", type=int, default=2)
@@ -286,18 +298,23 @@ def main() -> None:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-fleet-"))
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}")
-    print(f"# {args.nodes} nodes, {args.pods} pods, {args.drift_pods} managed pods on {DRIFT_NODE}; work in {workdir}")
+    print(f"# steps {args.steps} pods (half as many nodes), {args.drift_pods} managed pods; work in {workdir}")
     plane = ControlPlane(workdir / "plane", Tier.A)
     plane.start()
     try:
-        populate(plane, args.nodes, args.pods, args.drift_pods)
+        prepare(plane, args.drift_pods)
         variants: list[tuple[str, Path | None]] = [("after", None)]
         if args.before is not None:
             variants.insert(0, ("before", args.before))
-        for _ in range(args.rounds):
-            for variant, source in variants:
-                result = run_operator(plane, variant, source, workdir, args.watch)
-                print(json.dumps(result), flush=True)
+        pods = 0
+        for step in args.steps:
+            populate(plane, range(pods // 2, step // 2), range(pods, step))
+            pods = step
+            last = step == args.steps[-1]
+            for _ in range(args.rounds if last else 1):
+                for variant, source in variants if last else variants[-1:]:
+                    result = run_operator(plane, variant, source, workdir, args.watch)
+                    print(json.dumps({"pods": step, "nodes": step // 2, **result}), flush=True)
     finally:
         plane.stop()
 
