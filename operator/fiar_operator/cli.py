@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="local runs: register a webhook configuration pointing at URL (https://host:port)",
     )
+    run.add_argument(
+        "--webhook-config",
+        metavar="NAME",
+        help="MutatingWebhookConfiguration whose matchConditions the leader keeps in step with the policies "
+        "(the chart passes its own; default: the one --register-webhooks registers, else none)",
+    )
     run.add_argument("--webhook-ca", type=Path, help="CA bundle for --register-webhooks (default: --tls-cert)")
     run.add_argument("--verbose", action="store_true")
 
@@ -117,6 +123,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
         liveness=args.liveness,
         excluded_namespaces=excluded_namespaces(extra=args.exclude_namespace),
+        webhook_config=args.webhook_config,
     )
 
 
@@ -149,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
             selector=webhookconfig.namespace_selector(settings.excluded_namespaces),
         )
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
+        runtime.webhooks.name = runtime.webhooks.name or registered
     runtime.start()
     try:
         asyncio.run(

@@ -30,6 +30,7 @@ from fiar_operator.server import READY_KINDS, Server
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
 from fiar_operator.unconfigured import Unconfigured
+from fiar_operator.webhooksync import WebhookSync
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class Runtime:
         self.leadership = Leadership(self.kube, settings.peering, identity, settings.priority, self._lead, self._stop)
         self._worker = threading.Thread(target=self._work, name="reconciler", daemon=True)
         self._patchers = ThreadPoolExecutor(PATCHERS, thread_name_prefix="reannotate")
+        self.webhooks = WebhookSync(self.kube, settings.webhook_config)
 
     def start(self) -> None:
         if not self.settings.standalone:
@@ -263,6 +265,8 @@ class Runtime:
         Each managed pod is reviewed once (late decisions and drift); unconfigured pods are swept."""
         self._node_labels = {n: ours for n, labels in list(self.store.nodes.items()) if (ours := fiar_labels(labels))}
         self.status.mark()
+        self.webhooks.forget()
+        self._sync_webhooks()
         self.unconfigured.forget_sweep()
         events = self.unconfigured.sweep()
         for name in sorted(self.store.policies):
@@ -403,6 +407,9 @@ class Runtime:
         events = self.unconfigured.pod_changed(record)
         if not record.managed:
             return events
+        bound = self.webhooks.binding_namespaces
+        if bound is not None and record.namespace not in bound:
+            self._sync_webhooks()  # a managed pod where the binding condition names no policy's namespace
         self.status.mark(record.policy)
         return events + self._reannotate(record)
 
@@ -423,7 +430,12 @@ class Runtime:
         self.status.mark()
         return self._reannotate_all(self.store.pods_on_node(name))
 
+    def _sync_webhooks(self) -> None:
+        managed = {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}
+        self.webhooks.sync(list(self.store.policies.values()), managed)
+
     def _policy(self, change: Change) -> list[Event]:
+        self._sync_webhooks()
         if change.deleted:
             return self.unconfigured.sweep()
         self.status.mark(change.name)

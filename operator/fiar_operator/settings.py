@@ -47,6 +47,9 @@ class Settings:
     """kopf peering: among replicas, the highest priority reconciles; the others only serve webhooks."""
     liveness: str | None = None
     """kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz."""
+    webhook_config: str | None = None
+    """The MutatingWebhookConfiguration whose matchConditions the leader keeps in step with the
+    policies (None: leave every configuration as it is)."""
     excluded_namespaces: tuple[str, ...] = ALWAYS_EXCLUDED
     """Namespaces whose pods the reconciler leaves alone, as the webhooks never see them (besides
     namespaces labelled fiar.io/ignore)."""

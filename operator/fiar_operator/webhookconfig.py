@@ -10,11 +10,15 @@ sees every binding in the namespaces it covers and answers from memory.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
+from fiar_operator.pods import INJECTED, field_path
+from fiar_operator.policy import Policy
+from fiar_operator.selectors import LabelSelector, Requirement
 from fiar_operator.settings import ALWAYS_EXCLUDED
 
 NAME: Final = "fiar-operator"
@@ -114,4 +118,104 @@ def configuration(
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fiar"}},
         "webhooks": [webhook(hook) for hook in HOOKS],
+    }
+
+
+# -- matchConditions in step with the policies ---------------------------------------------------
+CONDITION: Final = "fiar-policies"
+"""The name of the one matchCondition the operator keeps on each webhook (the chart sets none)."""
+NAME_LABEL: Final = "kubernetes.io/metadata.name"
+LABELS: Final = "object.metadata.labels"
+HAS_LABELS: Final = "has(object.metadata.labels)"
+
+
+def _lit(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid CEL string literal
+
+
+def _list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_lit(v) for v in values) + "]"
+
+
+def _label_term(req: Requirement) -> str:
+    present = f"({HAS_LABELS} && {_lit(req.key)} in {LABELS})"
+    if req.operator == "Exists":
+        return present
+    if req.operator == "DoesNotExist":
+        return f"!{present}"
+    within = f"{LABELS}[{_lit(req.key)}] in {_list(req.values)}"
+    if req.operator == "In":
+        return f"({present} && {within})"
+    return f"(!{present} || !({within}))"  # NotIn
+
+
+def pod_selector_cel(selector: LabelSelector) -> str:
+    """CEL over the pod's labels that is true exactly when ``selector`` matches them."""
+    reqs = [Requirement(k, "In", (v,)) for k, v in selector.match_labels] + list(selector.expressions)
+    return " && ".join(_label_term(r) for r in reqs) if reqs else "true"
+
+
+def namespace_cel(selector: LabelSelector) -> str:
+    """CEL over ``request.namespace`` that is true whenever ``selector`` can match the namespace: its
+    terms on the namespace's name are kept, terms on other labels (which a matchCondition cannot
+    read) count as true, so the condition is never narrower than the selector."""
+    reqs = [Requirement(k, "In", (v,)) for k, v in selector.match_labels] + list(selector.expressions)
+    terms = []
+    for req in reqs:
+        if req.key != NAME_LABEL or req.operator == "Exists":
+            continue
+        if req.operator == "DoesNotExist":
+            return "false"
+        within = f"request.namespace in {_list(req.values)}"
+        terms.append(within if req.operator == "In" else f"!({within})")
+    return " && ".join(terms) if terms else "true"
+
+
+def names_only(selector: LabelSelector) -> tuple[str, ...] | None:
+    """The namespaces ``selector`` can match when it names them (an In or matchLabels term on the
+    namespace name); None when it may match namespaces by other labels."""
+    reqs = [Requirement(k, "In", (v,)) for k, v in selector.match_labels] + list(selector.expressions)
+    named = [set(r.values) for r in reqs if r.key == NAME_LABEL and r.operator == "In"]
+    if not named:
+        return None
+    return tuple(sorted(set.intersection(*named)))
+
+
+READS_FIAR: Final = " || ".join(
+    f"(has(object.spec.{key}) && object.spec.{key}.exists(c, has(c.env) && c.env.exists(e, "
+    f"has(e.valueFrom) && has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath in "
+    f"{_list(sorted(field_path(a) for a in INJECTED.values()))})))"
+    for key in ("containers", "initContainers")
+)
+"""A container reads one of fiar's annotations (it gets vLLM's default when no policy takes it)."""
+LABELLED: Final = f"({HAS_LABELS} && {_lit(contract.LABEL_POD_POLICY)} in {LABELS})"
+
+
+def pod_condition(policies: Iterable[Policy]) -> str:
+    """The pod webhook's condition: a policy can select the pod, or a container reads fiar's
+    annotations, or the pod already carries fiar's policy label."""
+    clauses = [READS_FIAR, LABELLED]
+    for policy in sorted(policies, key=lambda p: p.name):
+        clauses.append(f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))")
+    return " || ".join(clauses)
+
+
+def binding_condition(policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> str:
+    """The binding webhook's condition. A Binding carries none of the pod's labels, so only the
+    namespace can narrow it: the namespaces policies name, and those that hold managed pods."""
+    names = set(managed_namespaces)
+    for policy in policies:
+        named = names_only(policy.namespace_selector)
+        if named is None:
+            return "true"
+        names.update(named)
+    return f"request.namespace in {_list(sorted(names))}"
+
+
+def match_conditions(policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> dict[str, list[dict[str, str]]]:
+    """Hook name -> the matchConditions the operator sets, from the valid policies."""
+    policies = list(policies)
+    return {
+        POD_HOOK: [{"name": CONDITION, "expression": pod_condition(policies)}],
+        BINDING_HOOK: [{"name": CONDITION, "expression": binding_condition(policies, managed_namespaces)}],
     }
