@@ -79,3 +79,35 @@ def test_pods_no_policy_can_select_never_reach_the_webhooks(
     defaulted = dry_run(other, {"app": "web"}, reads)
     assert defaulted["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND] == "auto", "never an empty value"
     assert calls() == before + 2
+
+
+def selector(raw: dict[str, Any]) -> Any:
+    from fiar_operator.selectors import parse_label_selector
+
+    return parse_label_selector(raw, "test")
+
+
+def test_namespace_terms_on_other_labels_never_narrow_the_condition() -> None:
+    by_team = selector({"matchLabels": {"team": "ml"}})
+    assert webhookconfig.namespace_cel(by_team) == "true" and webhookconfig.names_only(by_team) is None
+    named = selector(
+        {"matchExpressions": [{"key": webhookconfig.NAME_LABEL, "operator": "In", "values": ["a", "b"]}]}
+        | {"matchLabels": {"team": "ml"}}
+    )
+    assert webhookconfig.namespace_cel(named) == 'request.namespace in ["a", "b"]'
+    assert webhookconfig.names_only(named) == ("a", "b")
+    nowhere = selector({"matchExpressions": [{"key": webhookconfig.NAME_LABEL, "operator": "DoesNotExist"}]})
+    assert webhookconfig.namespace_cel(nowhere) == "false"
+
+
+def test_a_binding_passes_everywhere_once_a_policy_selects_namespaces_by_label() -> None:
+    from fiar_operator.policy import parse_policy
+
+    def policy(name: str, namespaces: dict[str, Any]) -> Any:
+        spec = {"podSelector": {}, "namespaceSelector": namespaces}
+        return parse_policy({"metadata": {"name": name}, "spec": spec})
+
+    named = policy("a", {"matchLabels": {webhookconfig.NAME_LABEL: "ml"}})
+    assert webhookconfig.binding_condition([named], ["old"]) == 'request.namespace in ["ml", "old"]'
+    assert webhookconfig.binding_condition([named, policy("b", {"matchLabels": {"team": "x"}})], []) == "true"
+    assert webhookconfig.binding_condition([], []) == "request.namespace in []"

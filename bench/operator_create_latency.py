@@ -1,0 +1,228 @@
+"""Pod CREATE latency through the API server with and without fiar, before and after, in one run.
+
+On one local control plane (etcd + kube-apiserver), ``--creators`` threads create ``--pods`` pods
+per batch, for pods no policy selects (``unmanaged``, app=web) and pods a policy selects
+(``managed``, app=vllm in the policy's namespace), then delete them. Each round runs every
+configuration in turn (alternated, so load drifts hit all alike):
+
+    without          no operator, no webhook configuration
+    operator:V       the operator of variant V running, no webhook configuration
+    fiar:V           the operator running, its webhook configuration registered (chart settings)
+    frozen:V         the same, with the operator process stopped (SIGSTOP): a hung operator
+
+For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
+the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
+Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, and for
+``operator:V`` the operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED
+event; CPU of the whole process over the batch, divided by the events).
+
+    PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from operator_fleet import cpu_seconds, create
+
+import fiar_contract as contract
+from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.waiting import wait_for
+from fiar_operator import crd, kube, webhookconfig
+
+CONFIG = "fiar-bench"
+MANAGED_NS, PLAIN_NS = "bench-managed", "bench-plain"
+
+
+class Running:
+    def __init__(self, plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool) -> None:
+        assert plane.ca is not None
+        pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
+        cert, key = pair.write(workdir, "serving")
+        self.port, metrics = free_port(), free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
+        argv = [
+            sys.executable,
+            "-c",
+            "from fiar_operator.cli import main; raise SystemExit(main())",
+            "run",
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            "--standalone",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={self.port}",
+            f"--tls-cert={cert}",
+            f"--tls-key={key}",
+            "--metrics-host=127.0.0.1",
+            f"--metrics-port={metrics}",
+            *(["--webhook-config", CONFIG] if narrow else []),
+        ]
+        log = (workdir / f"operator-{time.monotonic_ns()}.log").open("wb")
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=1) as resp:
+                    return int(resp.status) == 200
+            except OSError:
+                return False
+
+        wait_for(ready, 120, "operator ready")
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+
+
+def pod(i: int, managed: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p-{i:06d}", "labels": {"app": "vllm" if managed else "web"}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m"]}]},
+    }
+
+
+def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float]:
+    namespace = MANAGED_NS if managed else PLAIN_NS
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def one(i: int) -> float:
+        began = time.perf_counter()
+        client.call("POST", path, body=pod(i, managed), timeout=30.0)
+        return (time.perf_counter() - began) * 1000
+
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(creators) as pool:
+        times = list(pool.map(one, range(start, start + count)))
+    elapsed = time.perf_counter() - began
+    client.call("DELETE", path, {"gracePeriodSeconds": 0}, timeout=60.0)
+    wait_for(lambda: not client.call("GET", path, {"limit": 1})["items"], 60, "pods deleted")
+    return times, elapsed
+
+
+def p(times: list[float], q: float) -> float:
+    return statistics.quantiles(times, n=100, method="inclusive")[int(q) - 1]
+
+
+def register(client: kube.Kube, plane: ControlPlane, port: int) -> None:
+    config = webhookconfig.configuration(plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG)
+    client.apply(kube.MUTATING_CONFIGS, config)
+    time.sleep(2)  # the API server picks configurations up within about a second
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
+    parser.add_argument("--pods", type=int, default=300, help="pods per batch")
+    parser.add_argument("--creators", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-create-"))
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}; work in {workdir}")
+    print(f"# {args.pods} pods per batch, {args.creators} creators, {args.rounds} rounds")
+    plane = ControlPlane(workdir / "plane", Tier.A)
+    plane.start()
+    client = kube.Kube(plane.api_client(), pool_size=64)
+    results: dict[tuple[str, str], list[float]] = {}
+    rates: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    try:
+        client.apply(kube.CRDS, crd.definition())
+        wait_for(lambda: client.call("GET", kube.POLICIES) is not None, 30, "CRD served")
+        for namespace in (MANAGED_NS, PLAIN_NS):
+            create(client, kube.NAMESPACES, {"metadata": {"name": namespace}})
+        create(client, kube.NODES, {"metadata": {"name": "gpu-0", "labels": {contract.LABEL_BACKEND: "trtllm"}}})
+        spec = {
+            "podSelector": {"matchLabels": {"app": "vllm"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MANAGED_NS}},
+        }
+        body = {"apiVersion": "fiar.io/v1alpha1", "kind": "FiAllreducePolicy", "metadata": {"name": "bench"}}
+        create(client, kube.POLICIES, {**body, "spec": spec})
+        variants: list[tuple[str, Path | None]] = [("after", None)]
+        if args.before is not None:
+            variants.insert(0, ("before", args.before))
+        configurations = ["without"] + [f"{c}:{v}" for c in ("operator", "fiar", "frozen") for v, _ in variants]
+        counter = 0
+        for _ in range(args.rounds):
+            for configuration in configurations:
+                kind, _, variant = configuration.partition(":")
+                source = dict(variants).get(variant)
+                running = None
+                if kind != "without":
+                    running = Running(plane, source, workdir, narrow=variant == "after")
+                    time.sleep(3)
+                if kind in ("fiar", "frozen"):
+                    assert running is not None
+                    register(client, plane, running.port)
+                    if variant == "after":
+                        wait_for(
+                            lambda: (
+                                "matchConditions"
+                                in client.call("GET", f"{kube.MUTATING_CONFIGS}/{CONFIG}")["webhooks"][0]
+                            ),
+                            30,
+                            "conditions set",
+                        )
+                        time.sleep(2)
+                if kind == "frozen":
+                    assert running is not None
+                    os.killpg(running.process.pid, signal.SIGSTOP)
+                try:
+                    for managed in (False, True):
+                        label = "managed" if managed else "unmanaged"
+                        used = cpu_seconds(running.process.pid) if running is not None else 0.0
+                        times, elapsed = batch(client, managed, args.pods, args.creators, counter)
+                        counter += args.pods
+                        results.setdefault((configuration, label), []).extend(times)
+                        rates.setdefault((configuration, label), []).append(args.pods / elapsed)
+                        if kind == "operator" and running is not None:
+                            time.sleep(1)  # the DELETED events reach the operator
+                            spent = cpu_seconds(running.process.pid) - used
+                            cpu.setdefault(variant, []).append(spent * 1000 / (2 * args.pods))
+                finally:
+                    if running is not None:
+                        running.stop()
+                    if kind in ("fiar", "frozen"):
+                        client.delete(kube.MUTATING_CONFIGS, CONFIG)
+                        time.sleep(2)
+        base = {label: p(results[("without", label)], 99) for label in ("unmanaged", "managed")}
+        for (configuration, label), times in sorted(results.items()):
+            row = {
+                "configuration": configuration,
+                "pods": label,
+                "p50_ms": round(p(times, 50), 1),
+                "p99_ms": round(p(times, 99), 1),
+                "p99_ratio": round(p(times, 99) / base[label], 2),
+                "pods_per_s": round(statistics.mean(rates[(configuration, label)]), 1),
+            }
+            print(json.dumps(row))
+        for variant, values in cpu.items():
+            print(json.dumps({"operator_cpu_ms_per_pod_event": variant, "mean": round(statistics.mean(values), 3)}))
+    finally:
+        plane.stop()
+
+
+if __name__ == "__main__":
+    main()
