@@ -16,7 +16,10 @@ Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), 
 ``operator:V`` the operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED
 event; CPU of the whole process over the batch, divided by the events).
 
-    PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before
+    PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before [--pin]
+
+``--pin`` puts the control plane on core 0 and the operator on core 1, which tells the cost of
+sharing two cores (contention) from the cost of the webhook calls themselves.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from operator_fleet import cpu_seconds, create
+from operator_fleet import cpu_seconds, create, established
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier, free_port
@@ -48,7 +51,7 @@ MANAGED_NS, PLAIN_NS = "bench-managed", "bench-plain"
 
 
 class Running:
-    def __init__(self, plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool) -> None:
+    def __init__(self, plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool, pin: bool) -> None:
         assert plane.ca is not None
         pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
         cert, key = pair.write(workdir, "serving")
@@ -57,6 +60,7 @@ class Running:
         if source is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
         argv = [
+            *(["taskset", "-c", "1"] if pin else []),
             sys.executable,
             "-c",
             "from fiar_operator.cli import main; raise SystemExit(main())",
@@ -138,19 +142,27 @@ def main() -> None:
     parser.add_argument("--creators", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the control plane on core 0, the operator on core 1 (as on a real cluster, apart)",
+    )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-create-"))
     print(f"# {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}; work in {workdir}")
-    print(f"# {args.pods} pods per batch, {args.creators} creators, {args.rounds} rounds")
+    print(f"# {args.pods} pods per batch, {args.creators} creators, {args.rounds} rounds, pinned: {args.pin}")
     plane = ControlPlane(workdir / "plane", Tier.A)
     plane.start()
+    if args.pin:
+        for component in plane.components.values():
+            subprocess.run(["taskset", "-a", "-p", "-c", "0", str(component.pid)], check=True, capture_output=True)
     client = kube.Kube(plane.api_client(), pool_size=64)
     results: dict[tuple[str, str], list[float]] = {}
     rates: dict[tuple[str, str], list[float]] = {}
     cpu: dict[str, list[float]] = {}
     try:
         client.apply(kube.CRDS, crd.definition())
-        wait_for(lambda: client.call("GET", kube.POLICIES) is not None, 30, "CRD served")
+        wait_for(lambda: established(client), 30, "CRD established")
         for namespace in (MANAGED_NS, PLAIN_NS):
             create(client, kube.NAMESPACES, {"metadata": {"name": namespace}})
         create(client, kube.NODES, {"metadata": {"name": "gpu-0", "labels": {contract.LABEL_BACKEND: "trtllm"}}})
@@ -164,14 +176,16 @@ def main() -> None:
         if args.before is not None:
             variants.insert(0, ("before", args.before))
         configurations = ["without"] + [f"{c}:{v}" for c in ("operator", "fiar", "frozen") for v, _ in variants]
-        counter = 0
+        counter = args.pods * 2
+        for managed in (False, True):  # warm-up, not counted
+            batch(client, managed, args.pods, args.creators, 0 if managed else args.pods)
         for _ in range(args.rounds):
             for configuration in configurations:
                 kind, _, variant = configuration.partition(":")
                 source = dict(variants).get(variant)
                 running = None
                 if kind != "without":
-                    running = Running(plane, source, workdir, narrow=variant == "after")
+                    running = Running(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 if kind in ("fiar", "frozen"):
                     assert running is not None

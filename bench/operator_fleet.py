@@ -144,7 +144,7 @@ def prepare(plane: ControlPlane, drift_pods: int) -> None:
     """The CRD, the namespaces, the drift node, the policy and its managed pods."""
     client = kube.Kube(plane.api_client(), pool_size=32)
     client.apply(kube.CRDS, crd.definition())
-    wait_for(lambda: _established(client), 30, "CRD established")
+    wait_for(lambda: established(client), 30, "CRD established")
     for n in [*(f"fleet-{k}" for k in range(NAMESPACES)), DRIFT_NS]:
         create(client, kube.NAMESPACES, {"metadata": {"name": n}})
     verified = {contract.LABEL_BACKEND: "trtllm", "kubernetes.io/hostname": DRIFT_NODE}
@@ -171,7 +171,7 @@ def managed_pod(i: int, decision: Any) -> dict[str, Any]:
     return body
 
 
-def _established(client: kube.Kube) -> bool:
+def established(client: kube.Kube) -> bool:
     doc = client.call("GET", f"{kube.CRDS}/{crd.definition()['metadata']['name']}")
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in doc["status"]["conditions"] or [])
 

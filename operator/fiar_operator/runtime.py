@@ -344,6 +344,8 @@ class Runtime:
         """After every change (the leader only), and at least every 0.5 s: re-check the unconfigured
         pods now and then, and the NotConfigured events the rate limit held back and now allows."""
         self.unconfigured.refresh()
+        if self.webhooks.due():
+            self._sync_webhooks()
         return self.unconfigured.drain()
 
     # Index an object and reconcile it: the informers index first and call ``apply`` through the

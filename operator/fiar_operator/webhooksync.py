@@ -11,7 +11,9 @@ the operator for them, not even when it hangs. It patches only the configuration
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+from typing import Final
 
 from fiar_operator import webhookconfig
 from fiar_operator.errors import ApiError
@@ -21,12 +23,15 @@ from fiar_operator.policy import Policy
 log = logging.getLogger(__name__)
 
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+RETRY: Final = 5.0
+"""Seconds before a failed patch is tried again (e.g. the configuration is installed after the start)."""
 
 
 class WebhookSync:
     def __init__(self, kube: Kube, name: str | None) -> None:
         self.kube, self.name = kube, name
         self._applied: dict[str, list[dict[str, str]]] | None = None
+        self._retry_at: float | None = None
         self.binding_namespaces: frozenset[str] | None = None
         """The namespaces the binding condition names (None: it names none, every one passes)."""
 
@@ -45,13 +50,19 @@ class WebhookSync:
                 "PATCH", f"{MUTATING_CONFIGS}/{self.name}", body=body, content_type=STRATEGIC_MERGE, timeout=10.0
             )
         except ApiError as exc:
-            log.warning("webhook configuration %s not narrowed to the policies: %s", self.name, exc)
+            if self._retry_at is None:
+                log.warning("webhook configuration %s not narrowed to the policies: %s", self.name, exc)
+            self._retry_at = time.monotonic() + RETRY
             return False
-        self._applied = wanted
+        self._applied, self._retry_at = wanted, None
         expression = wanted[webhookconfig.BINDING_HOOK][0]["expression"]
         self.binding_namespaces = None if expression == "true" else frozenset(namespaces) | _named(policies)
         log.info("webhook configuration %s follows %d policies", self.name, len(policies))
         return True
+
+    def due(self) -> bool:
+        """Whether a failed patch should be tried again now."""
+        return self._retry_at is not None and time.monotonic() >= self._retry_at
 
     def forget(self) -> None:
         """Patch again at the next ``sync`` (after leadership changed hands)."""
