@@ -1,6 +1,6 @@
 """Cost of the reconciler's bookkeeping for pods the pod webhook never configured.
 
-kopf delivers every pod event to the reconciler (not only labelled pods), which checks whether a
+The pod informer tells the reconciler of every pod change (not only of labelled pods), which checks whether a
 policy selects an unlabelled pod. This times that per-event work through ``Runtime.on_pod`` beside
 the work every pod event already costs (``Store.put_pod``, the informer's indexing), in one run, and
 times the full recomputation over the pod index that a policy change triggers.

@@ -108,3 +108,9 @@ def test_standby_replica_serves_webhooks_while_only_the_leader_reconciles(
     assert not leadership(standby) or "stops" in leadership(standby)[-1]
     for replica in (leader, standby):
         assert "Handler '" not in replica.tail(4000)
+
+    # The leader leaves (kopf marks its peering entry dead on exit): the standby takes over and
+    # reconciles, e.g. writes the status of a policy created after the leader left.
+    leader.stop()
+    kit.wait(lambda: "starts" in (leadership(standby) or ["-"])[-1], 30, "the standby takes over")
+    kit.policy(f"ha-after-{unique}", namespace)
