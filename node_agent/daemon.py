@@ -53,6 +53,17 @@ from node_agent.publish import Backoff, NodePublisher, NodeState, load_client_co
 
 log = logging.getLogger("fiar-agent")
 
+SHOWN_CHARS = 80
+"""At most this many characters of an untrusted value (the reprobe annotation) reach the log."""
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """An untrusted value for the log: ``repr`` (newlines and control characters escaped, so it
+    stays one line that forges none) of at most ``limit`` characters, with the length cut off."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -146,7 +157,8 @@ class Agent:
             self._reprobe_seen = value
             self._reprobe_requested = value
         self.metrics.reprobe_requests.inc()
-        log.info("reprobe requested on node %s (%s=%s)", self.publisher.node_name, contract.ANNOTATION_REPROBE, value)
+        node, key = self.publisher.node_name, contract.ANNOTATION_REPROBE
+        log.info("reprobe requested on node %s (%s=%s)", node, key, shown(value))
         self.request("reprobe")
 
     def _take(self) -> tuple[list[str], str | None]:
