@@ -257,7 +257,8 @@ class Agent:
                     break
                 probe_backoff.reset()
                 pending = (dict(doc["labels"]), report_mod.dumps(doc))
-                clear = reprobe or clear
+                if reprobe is not None:  # "" is a request too
+                    clear = reprobe
                 next_write = 0.0
                 wait_s = cfg.interval_s
                 if doc["status"] == "degraded":
