@@ -99,6 +99,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     """A threading HTTP server whose connections are bounded in number and in time."""
 
     daemon_threads = True
+    request_queue_size = 128
+    """Listen backlog: connections waiting to be accepted while a flood is being cut down."""
 
     def __init__(
         self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, max_connections: int, deadline_s: float
@@ -134,6 +136,9 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         with self._open_lock:
             for conn in [c for c, deadline in self._open.items() if deadline <= now]:
                 self._end(conn)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away or was cut off is no error of the agent's: no traceback in its log."""
 
     def shutdown_request(self, request: Any) -> None:
         with self._open_lock:
