@@ -4,6 +4,7 @@ and a flood of them never piles up threads or locks out /healthz."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -41,7 +42,9 @@ def _healthz(port: int) -> int:
         return int(resp.status)
 
 
-def test_a_flood_of_idle_connections_holds_no_more_threads_than_the_cap(server: BoundedHTTPServer) -> None:
+def test_a_flood_of_idle_connections_holds_no_more_threads_than_the_cap(
+    server: BoundedHTTPServer, capfd: pytest.CaptureFixture[str]
+) -> None:
     port = server.server_address[1]
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
     try:
@@ -52,6 +55,7 @@ def test_a_flood_of_idle_connections_holds_no_more_threads_than_the_cap(server: 
         assert all(_closed_by_server(s, 3.0) for s in idle), "every idle connection is closed"
         time.sleep(0.2)
         assert _handler_threads() == 0
+        assert "Traceback" not in capfd.readouterr().err, "a client cut off is no error of the agent's"
     finally:
         for s in idle:
             s.close()
@@ -84,3 +88,16 @@ def test_a_slow_drip_is_shut_down_at_the_connection_deadline(server: BoundedHTTP
                 pass
         assert closed, "the server kept a slow client for the whole request"
         assert time.monotonic() - start < 4.0
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback(
+    server: BoundedHTTPServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", server.server_address[1]))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, not a clean close
+    time.sleep(1.0)
+    assert _healthz(server.server_address[1]) == 200
+    assert "Traceback" not in capfd.readouterr().err
