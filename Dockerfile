@@ -57,7 +57,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=agent-build /opt/fiar /opt/fiar
 COPY --from=agent-build /opt/fiar-kernels /opt/fiar-kernels
-# The chart mounts a hostPath kernel cache at /var/cache/fiar and seeds it from /opt/fiar-kernels.
+# The chart mounts a writable kernel cache at /var/cache/fiar; `fiar-agent run --kernel-cache`
+# seeds a subfolder keyed by the kernels below (an upgraded image gets a fresh one).
 ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility

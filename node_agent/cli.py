@@ -30,6 +30,7 @@ from typing import Any
 from node_agent import __version__, childproc
 from node_agent.errors import AgentError, ConfigError, HardwareError
 from node_agent.hardware import Hardware, NvmlHardware, SimulatedHardware
+from node_agent.kernel_cache import DEFAULT_SEED
 from node_agent.policy import resolve
 from node_agent.probe import ProbeConfig, ProbeResult, probe
 from node_agent.verdict import DEFAULT_BENCH_MARGIN
@@ -106,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--driver-check", type=float, default=60.0, metavar="S", help="driver-version check interval")
     r.add_argument("--metrics-addr", default="0.0.0.0:9400", help="HOST:PORT for /metrics and /healthz; '' disables")
     r.add_argument("--api-backoff-max", type=float, default=60.0, metavar="S", help="longest wait between API retries")
+    r.add_argument(
+        "--kernel-cache",
+        default=os.environ.get("FIAR_KERNEL_CACHE"),
+        metavar="DIR",
+        help="writable folder for FlashInfer's kernels, seeded at start from --kernel-seed into a subfolder "
+        "keyed by the seed's contents (default: $FIAR_KERNEL_CACHE; unset: FLASHINFER_WORKSPACE_BASE as given)",
+    )
+    r.add_argument(
+        "--kernel-seed", default=str(DEFAULT_SEED), metavar="DIR", help="the image's prebuilt kernels (read only)"
+    )
 
     i = sub.add_parser("inventory", help="print this host in the recorded-host JSON format")
     i.add_argument("--simulate", metavar="FILE")

@@ -40,10 +40,12 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
 from node_agent import childproc
+from node_agent import kernel_cache as kernel_cache_mod
 from node_agent import report as report_mod
 from node_agent.errors import ConfigError, PublishError
 from node_agent.hardware import Hardware
@@ -52,6 +54,17 @@ from node_agent.probe import ProbeConfig, probe
 from node_agent.publish import Backoff, NodePublisher, NodeState, load_client_config
 
 log = logging.getLogger("fiar-agent")
+
+SHOWN_CHARS = 80
+"""At most this many characters of an untrusted value (the reprobe annotation) reach the log."""
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """An untrusted value for the log: ``repr`` (newlines and control characters escaped, so it
+    stays one line that forges none) of at most ``limit`` characters, with the length cut off."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,9 @@ class DaemonConfig:
     metrics_addr: str = "0.0.0.0:9400"
     api_backoff_max_s: float = 60.0
     health_stale_s: float = 120.0
+    kernel_cache: str | None = None
+    """Writable folder for FlashInfer's kernels, seeded from ``kernel_seed`` (``kernel_cache``)."""
+    kernel_seed: str = str(kernel_cache_mod.DEFAULT_SEED)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, probe_config: ProbeConfig) -> DaemonConfig:
@@ -78,6 +94,8 @@ class DaemonConfig:
             driver_check_s=args.driver_check,
             metrics_addr=args.metrics_addr,
             api_backoff_max_s=args.api_backoff_max,
+            kernel_cache=args.kernel_cache or None,
+            kernel_seed=args.kernel_seed,
         )
         config.validate()
         return config
@@ -95,6 +113,8 @@ class DaemonConfig:
             raise ConfigError(f"--api-backoff-max must be positive, got {self.api_backoff_max_s}")
         if self.metrics_addr:
             parse_addr(self.metrics_addr)
+        if self.kernel_cache and not os.path.isdir(self.kernel_seed):
+            raise ConfigError(f"--kernel-seed {self.kernel_seed}: no such folder (the image's prebuilt kernels)")
         self.probe.validate()
 
 
@@ -146,7 +166,8 @@ class Agent:
             self._reprobe_seen = value
             self._reprobe_requested = value
         self.metrics.reprobe_requests.inc()
-        log.info("reprobe requested on node %s (%s=%s)", self.publisher.node_name, contract.ANNOTATION_REPROBE, value)
+        node, key = self.publisher.node_name, contract.ANNOTATION_REPROBE
+        log.info("reprobe requested on node %s (%s=%s)", node, key, shown(value))
         self.request("reprobe")
 
     def _take(self) -> tuple[list[str], str | None]:
@@ -245,7 +266,8 @@ class Agent:
                     break
                 probe_backoff.reset()
                 pending = (dict(doc["labels"]), report_mod.dumps(doc))
-                clear = reprobe or clear
+                if reprobe is not None:  # "" is a request too
+                    clear = reprobe
                 next_write = 0.0
                 wait_s = cfg.interval_s
                 if doc["status"] == "degraded":
@@ -313,8 +335,24 @@ class Agent:
         return 0
 
 
+def seed_kernel_cache(config: DaemonConfig) -> None:
+    """Point the smoke tests' ``FLASHINFER_WORKSPACE_BASE`` at the image-keyed kernel cache."""
+    if not config.kernel_cache:
+        return
+    seed, cache = Path(config.kernel_seed), Path(config.kernel_cache)
+    try:
+        folder = kernel_cache_mod.prepare(seed, cache)
+    except OSError as exc:  # a full or read-only disk: probe with the image's kernels as they are
+        log.warning("kernel cache %s not seeded (%s); FlashInfer uses %s as it is", cache, exc, seed)
+        os.environ["FLASHINFER_WORKSPACE_BASE"] = str(seed)
+        return
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = str(folder)
+    log.info("kernel cache %s (seeded from %s)", folder, seed)
+
+
 def main(config: DaemonConfig, hardware: Hardware) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    seed_kernel_cache(config)
     client_config = load_client_config(config.kubeconfig)
     publisher = NodePublisher(client_config, config.node_name)
     metrics = AgentMetrics()

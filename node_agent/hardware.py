@@ -16,11 +16,14 @@ A fixture may carry a ``simulate`` block::
       "smoke": {                                      # per backend; absent = derived (below)
         "trtllm": {"outcome": "pass" | "fail" | "null_mc_ptr" | "numerics" | "timeout" | "crash"
                               | "missing" | "not_prebuilt" | "jit_error" | "no_kernel_image",
-                   "step": "graph",                   # where a timeout/crash/failure happens
+                   "step": "graph",                   # workspace | eager | graph: where it happens
                    "message": "...", "jit_s": 0.0,
                    "bench": [{"hidden": 8192, "tokens": 1, "nccl_us": 55.0, "backend_us": 20.0}]}
       }
     }
+
+``load_fixture`` checks every field it plays back (types, allowed values, non-negative
+durations); a malformed fixture is a ``FixtureError``, which the CLI reports with exit code 2.
 
 Without an explicit outcome the simulated smoke test follows a small, documented model:
 trtllm passes when every pair of GPUs under test has P2P (NVLink, or PCIe read+write) and every
@@ -173,26 +176,89 @@ def load_fixture(path: Path) -> dict[str, Any]:
         raise FixtureError(f"simulated host {path}: no such file") from exc
     except (OSError, ValueError) as exc:
         raise FixtureError(f"simulated host {path}: {exc}") from exc
+    except RecursionError as exc:
+        raise FixtureError(f"simulated host {path}: JSON nested too deeply") from exc
     if not isinstance(doc, dict):
         raise FixtureError(f"simulated host {path}: expected a JSON object")
     try:
         inventory.from_dict(doc)
+        check_simulate(doc.get("simulate"))
+        _optional_str(doc.get("torch"), "torch")
     except FixtureError as exc:
         raise FixtureError(f"simulated host {path}: {exc}") from exc
-    sim = doc.get("simulate") or {}
-    if not isinstance(sim, dict):
-        raise FixtureError(f"simulated host {path}: simulate must be an object")
-    for backend, spec in (sim.get("smoke") or {}).items():
-        if backend not in contract.BACKENDS:
-            raise FixtureError(f"simulated host {path}: simulate.smoke.{backend}: unknown backend")
-        outcome = (spec or {}).get("outcome", "pass")
-        if outcome not in SMOKE_OUTCOMES:
-            raise FixtureError(
-                f"simulated host {path}: simulate.smoke.{backend}.outcome {outcome!r} is not one of {SMOKE_OUTCOMES}"
-            )
     if doc.get("modelled") and not doc.get("models"):
         raise FixtureError(f"simulated host {path}: a modelled host must cite the report it models ('models')")
     return doc
+
+
+SIMULATED_NATIVE_PROBE = ("ok", "crash", "hang")
+SIMULATED_NVML = ("ok", "missing")
+SIMULATED_STEPS = ("workspace", "eager", "graph")
+"""Steps a simulated timeout, crash or failure can happen in (``simworker``)."""
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FixtureError(f"{where}: expected an object, got {inventory.short(value)}")
+    return value
+
+
+def _optional_str(value: Any, where: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise FixtureError(f"{where}: expected a string or null, got {inventory.short(value)}")
+
+
+def _seconds(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise FixtureError(f"{where}: expected a non-negative number, got {inventory.short(value)}")
+
+
+def _one_of(value: Any, allowed: Sequence[str], where: str) -> None:
+    if value not in allowed:
+        raise FixtureError(f"{where}: {inventory.short(value)} is not one of {tuple(allowed)}")
+
+
+def check_simulate(raw: Any) -> None:
+    """Validate a fixture's ``simulate`` block (see the module docstring); raises ``FixtureError``."""
+    sim = _object(raw, "simulate")
+    _one_of(sim.get("nvml", "ok"), SIMULATED_NVML, "simulate.nvml")
+    _one_of(sim.get("native_probe", "ok"), SIMULATED_NATIVE_PROBE, "simulate.native_probe")
+    for name, version in _object(sim.get("software"), "simulate.software").items():
+        _optional_str(version, f"simulate.software.{name}")
+    for backend, raw_spec in _object(sim.get("smoke"), "simulate.smoke").items():
+        where = f"simulate.smoke.{backend}"
+        if backend not in contract.BACKENDS:
+            raise FixtureError(f"{where}: unknown backend")
+        spec = _object(raw_spec, where)
+        outcome = spec.get("outcome", "pass")
+        if outcome not in SMOKE_OUTCOMES:
+            raise FixtureError(f"{where}.outcome {inventory.short(outcome)} is not one of {SMOKE_OUTCOMES}")
+        if "step" in spec:
+            _one_of(spec["step"], SIMULATED_STEPS, f"{where}.step")
+        if "message" in spec and not isinstance(spec["message"], str):
+            raise FixtureError(f"{where}.message: expected a string, got {inventory.short(spec['message'])}")
+        if "jit_cached" in spec and not isinstance(spec["jit_cached"], bool):
+            raise FixtureError(f"{where}.jit_cached: expected true or false, got {inventory.short(spec['jit_cached'])}")
+        for key, value in spec.items():
+            if key.endswith("_s"):
+                _seconds(value, f"{where}.{key}")
+        for key, value in _object(spec.get("latency_us"), f"{where}.latency_us").items():
+            _seconds(value, f"{where}.latency_us.{key}")
+        bench = spec.get("bench") or []
+        if not isinstance(bench, list):
+            raise FixtureError(f"{where}.bench: expected a list, got {inventory.short(bench)}")
+        for i, point in enumerate(bench):
+            pw = f"{where}.bench[{i}]"
+            point = _object(point, pw)
+            for key in ("hidden", "tokens"):
+                value = point.get(key)
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise FixtureError(f"{pw}.{key}: expected a positive integer, got {inventory.short(value)}")
+            for key in ("nccl_us", "backend_us", "backend_graph_us"):
+                if key in point or key != "backend_graph_us":
+                    _seconds(point.get(key), f"{pw}.{key}")
 
 
 def resolve_fixture(name: str | Path) -> Path:

@@ -163,11 +163,17 @@ class Inventory:
 # -- parsing ---------------------------------------------------------------------------------------
 
 
+def short(value: Any) -> str:
+    """A bounded repr of an untrusted value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _int(value: Any, where: str, optional: bool = True) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise FixtureError(f"{where}: expected an integer, got {value!r}")
+        raise FixtureError(f"{where}: expected an integer, got {short(value)}")
     return value
 
 
@@ -181,7 +187,7 @@ def _str(value: Any, where: str, optional: bool = True) -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise FixtureError(f"{where}: expected a string, got {value!r}")
+        raise FixtureError(f"{where}: expected a string, got {short(value)}")
     return value
 
 
@@ -193,7 +199,7 @@ def _fabric(raw: Any, where: str) -> Fabric | None:
     uuid = _str(raw.get("clusterUuid", "0" * 32), f"{where}.clusterUuid", optional=False) or ""
     uuid = uuid.replace("-", "").lower()
     if len(uuid) != 32 or any(c not in "0123456789abcdef" for c in uuid):
-        raise FixtureError(f"{where}.clusterUuid: expected 32 hex digits, got {uuid!r}")
+        raise FixtureError(f"{where}.clusterUuid: expected 32 hex digits, got {short(uuid)}")
     return Fabric(
         state=_req_int(raw.get("state"), f"{where}.state"),
         status=_req_int(raw.get("status", 0), f"{where}.status"),
@@ -223,7 +229,10 @@ def _gpu(raw: Any, attrs: Any, where: str) -> Gpu:
     if not isinstance(raw, dict):
         raise FixtureError(f"{where}: expected an object")
     links = []
-    for i, link in enumerate(raw.get("nvlinks") or []):
+    links_raw = raw.get("nvlinks") or []
+    if not isinstance(links_raw, list):
+        raise FixtureError(f"{where}.nvlinks: expected a list, got {short(links_raw)}")
+    for i, link in enumerate(links_raw):
         lw = f"{where}.nvlinks[{i}]"
         if not isinstance(link, dict):
             raise FixtureError(f"{lw}: expected an object")
@@ -289,6 +298,8 @@ def from_dict(doc: Mapping[str, Any]) -> Inventory:
     if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
         raise FixtureError("env: expected an object of strings")
     errors_raw = doc.get("errors") or []
+    if not isinstance(errors_raw, list) or not all(isinstance(e, str) for e in errors_raw):
+        raise FixtureError(f"errors: expected a list of strings, got {short(errors_raw)}")
     exported = doc.get("multicast_create_exported")
     return Inventory(
         driver_version=_str(doc.get("driver_version"), "driver_version"),
@@ -299,7 +310,7 @@ def from_dict(doc: Mapping[str, Any]) -> Inventory:
         multicast_create_exported=None if exported is None else bool(exported),
         host_env=dict(env_raw),
         host=_str(doc.get("host"), "host"),
-        errors=tuple(str(e) for e in errors_raw),
+        errors=tuple(errors_raw),
     )
 
 

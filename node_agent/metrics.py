@@ -14,10 +14,17 @@ agent's RSS):
 
 /healthz answers 200 while the run loop (or a running probe) has shown life within the stale
 limit, 503 otherwise: a wedged agent is restarted, a busy one is not.
+
+The port is open to the pod network, so no client holds a thread for long: a connection idle for
+``IDLE_TIMEOUT_S`` is closed, one still open after ``CONNECTION_DEADLINE_S`` (a slow drip) is shut
+down, and at most ``MAX_CONNECTIONS`` are served at once: a new one shuts the oldest down, so a
+flood of idle connections cannot lock out the kubelet's health check.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -80,6 +87,65 @@ class AgentMetrics:
                 self.label.labels(key=key, value=labels[key]).set(1)
 
 
+IDLE_TIMEOUT_S = 5.0
+"""A connection that sends or takes nothing for this long is closed."""
+CONNECTION_DEADLINE_S = 15.0
+"""No connection stays open longer than this, however slowly it sends."""
+MAX_CONNECTIONS = 16
+"""Connections served at once (one thread each); a new one shuts the oldest down."""
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server whose connections are bounded in number and in time."""
+
+    daemon_threads = True
+    request_queue_size = 128
+    """Listen backlog: connections waiting to be accepted while a flood is being cut down."""
+
+    def __init__(
+        self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, max_connections: int, deadline_s: float
+    ) -> None:
+        self.max_connections = max_connections
+        self.deadline_s = deadline_s
+        self._open: dict[Any, float] = {}
+        """Open connections and their deadlines, oldest first."""
+        self._open_lock = threading.Lock()
+        super().__init__(addr, handler)
+
+    @property
+    def open_connections(self) -> int:
+        with self._open_lock:
+            return len(self._open)
+
+    def _end(self, conn: Any) -> None:
+        """Wake the connection's thread: its next read sees the end of the stream, and it exits."""
+        self._open.pop(conn, None)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            while len(self._open) >= self.max_connections:
+                self._end(next(iter(self._open)))
+            self._open[request] = time.monotonic() + self.deadline_s
+        super().process_request(request, client_address)
+
+    def service_actions(self) -> None:
+        """Called by ``serve_forever`` every poll interval: shut down connections past their deadline."""
+        now = time.monotonic()
+        with self._open_lock:
+            for conn in [c for c, deadline in self._open.items() if deadline <= now]:
+                self._end(conn)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away or was cut off is no error of the agent's: no traceback in its log."""
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.pop(request, None)
+        super().shutdown_request(request)
+
+
 def parse_addr(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -87,10 +153,20 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-def serve(addr: str, metrics: AgentMetrics, health: Health) -> ThreadingHTTPServer:
+def serve(
+    addr: str,
+    metrics: AgentMetrics,
+    health: Health,
+    *,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    deadline_s: float = CONNECTION_DEADLINE_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> BoundedHTTPServer:
     """Start /metrics and /healthz on ``addr`` in a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout_s  # socket timeout of every read and write of the connection
+
         def do_GET(self) -> None:
             if self.path.split("?")[0] == "/metrics":
                 body, status, ctype = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
@@ -110,9 +186,8 @@ def serve(addr: str, metrics: AgentMetrics, health: Health) -> ThreadingHTTPServ
 
     host, port = parse_addr(addr)
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = BoundedHTTPServer((host, port), Handler, max_connections=max_connections, deadline_s=deadline_s)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {addr}: {exc}") from exc
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="metrics", daemon=True).start()
     return server

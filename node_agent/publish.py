@@ -5,8 +5,11 @@ has no method that takes another. It owns exactly the label keys in
 ``fiar_contract.AGENT_LABELS``: a key it owns but no longer writes (say ``fiar.io/clique`` after a
 fabric change) is removed; any other label, ``fiar.io/`` or not, is never touched. Writes are
 strategic-merge patches of ``metadata.labels`` and the ``fiar.io/probe-report`` annotation, so a
-concurrent writer of other keys loses nothing. ``fiar.io/reprobe`` is cleared with a JSON patch
-that first tests the value, so a request made while the agent was probing is not lost.
+concurrent writer of other keys loses nothing. ``fiar.io/reprobe`` is cleared only if it still
+holds the value the probe answered: the agent reads the Node, compares the decoded value itself, and
+removes it with a patch whose ``resourceVersion`` is a precondition (409 Conflict if the Node changed
+in between), so a request made while the agent was probing is not lost. (A JSON-patch ``test``
+would compare encoded bytes, and Python and Go encode ``ü``, ``&`` or ``<`` differently.)
 
 API errors are mapped onto ``node_agent.errors`` (transient ones are ``ApiUnavailable``); the
 daemon retries with ``Backoff``. The calls go through ``Transport``: the kubernetes package loads
@@ -29,12 +32,7 @@ import fiar_contract as contract
 from node_agent import __version__
 from node_agent.errors import ApiUnavailable, ConfigError, NodeNotFound, PublishError, PublishRejected
 
-JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-def _pointer(key: str) -> str:
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
 class HttpError(Exception):
@@ -234,21 +232,33 @@ class NodePublisher:
         self._call("PATCH", body=body, content_type=MERGE_PATCH)
         return patch
 
-    def clear_reprobe(self, value: str) -> bool:
-        """Remove ``fiar.io/reprobe`` if it still holds ``value``; False if it changed meanwhile."""
-        ops = [
-            {"op": "test", "path": _pointer(contract.ANNOTATION_REPROBE), "value": value},
-            {"op": "remove", "path": _pointer(contract.ANNOTATION_REPROBE)},
-        ]
-        try:
-            self._transport().request("PATCH", self._path, body=ops, content_type=JSON_PATCH, timeout_s=self._timeout)
-        except HttpError as exc:
-            if exc.status == 422:  # the test op failed: absent, or a newer request
+    def clear_reprobe(self, value: str, attempts: int = 5) -> bool:
+        """Remove ``fiar.io/reprobe`` if it still holds ``value``; False if it changed meanwhile.
+
+        The removal carries the ``resourceVersion`` of the read that saw ``value``: a Node changed
+        in between (say by its kubelet) is read again, up to ``attempts`` times."""
+        for _ in range(attempts):
+            state = self.read()
+            if state.reprobe != value:
                 return False
-            raise translate(exc) from exc
-        except Exception as exc:
-            raise translate(exc) from exc
-        return True
+            body = {
+                "metadata": {
+                    "resourceVersion": state.resource_version,
+                    "annotations": {contract.ANNOTATION_REPROBE: None},
+                }
+            }
+            try:
+                self._transport().request(
+                    "PATCH", self._path, body=body, content_type=MERGE_PATCH, timeout_s=self._timeout
+                )
+            except HttpError as exc:
+                if exc.status == 409:  # the Node changed since the read
+                    continue
+                raise translate(exc) from exc
+            except Exception as exc:
+                raise translate(exc) from exc
+            return True
+        raise ApiUnavailable(f"node {self.node_name} changed on every one of {attempts} attempts to clear the reprobe")
 
     def watch(
         self,

@@ -4,7 +4,8 @@ An event is ``{"step": ..., "status": ..., "t": <unix time>, "pid": ..., ...}``.
 
 * ``start`` / ``ok``: a step began / finished (``ok`` carries ``dt``, its seconds);
 * ``fail``: the step failed (``kind``: ``null_mc_ptr``, ``numerics``, ``error``; ``jit`` and
-  ``no_kernel_image`` when the kernels could not be built, loaded or run on this GPU at all);
+  ``no_kernel_image`` when the kernels could not be built, loaded or run on this GPU at all;
+  ``infrastructure`` and ``startup`` for a host error or a failure before ``workspace``);
 * ``missing``: torch or FlashInfer could not be imported;
 * ``refused``: the worker refused to run (host policy forbids multicast);
 * ``not_prebuilt``: the kernels are not in the JIT cache and ``--require-prebuilt`` was given;

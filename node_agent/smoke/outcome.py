@@ -8,15 +8,24 @@ supervisor's summary and the child's exit into one ``SmokeOutcome``. The rules, 
 2. the agent was stopped meanwhile: ``skipped`` (degraded);
 3. a rank could not import torch/FlashInfer: ``skipped`` (degraded, kind ``unavailable``);
 4. a rank refused (host policy) or found the kernels not prebuilt: ``skipped``;
-5. a rank failed in the ``jit`` step (kernel build or load: a compile error, a missing prebuilt
-   module) or CUDA had no kernel image for the device (``cudaErrorNoKernelImageForDevice``, e.g.
-   an architecture the image did not build for): ``skipped`` (degraded, kind ``jit`` or
-   ``no_kernel_image``): neither says anything about the backend;
+5. a rank failed in a way that says nothing about the backend: ``skipped`` (degraded), kind
+   ``jit`` (a kernel build or load failed: a compile error, a missing prebuilt module),
+   ``no_kernel_image`` (CUDA had no kernel image for the device, e.g. an architecture the image
+   did not build for), ``infrastructure`` (the host, not the backend: a port in use, ``/dev/shm``
+   or the disk full, GPU or host memory exhausted, a failed fork, no file descriptors left; see
+   ``INFRASTRUCTURE_MARKERS``) or ``startup`` (it failed before the first step that exercises the
+   backend, ``workspace``: in ``import``, ``init`` or before any event);
 6. a rank reported a failed step: ``fail`` with that rank's kind (``null_mc_ptr``, ``numerics``,
    ``error``);
-7. a rank died from a signal it was not sent by the supervisor: ``fail`` (kind ``crash``);
+7. a rank died from a signal it was not sent by the supervisor: ``fail`` (kind ``crash``) once the
+   backend was exercised; before that, or by ``SIGKILL`` (what the kernel's OOM killer sends; the
+   supervisor's own kills are known), ``skipped`` (degraded, ``startup`` / ``infrastructure``);
 8. every rank reported ``done``: ``pass``;
-9. anything else (a rank exited without a verdict): ``fail`` (kind ``error``).
+9. anything else (a rank exited without a verdict): ``fail`` (kind ``error``) if a rank that did
+   not finish had reached the backend's steps, else ``skipped`` (degraded, ``startup``, or
+   ``infrastructure`` when the ranks' stderr names an infrastructure error).
+
+A test that is ``skipped`` and degraded is inconclusive: the verdict never turns it into ``none``.
 """
 
 from __future__ import annotations
@@ -44,9 +53,31 @@ KIND_CANCELLED = "cancelled"
 KIND_NO_INVENTORY = "no_inventory"
 KIND_JIT = "jit"
 KIND_NO_KERNEL_IMAGE = "no_kernel_image"
-UNTESTED_KINDS = frozenset({KIND_JIT, KIND_NO_KERNEL_IMAGE})
+KIND_INFRASTRUCTURE = "infrastructure"
+KIND_STARTUP = "startup"
+UNTESTED_KINDS = frozenset({KIND_JIT, KIND_NO_KERNEL_IMAGE, KIND_INFRASTRUCTURE, KIND_STARTUP})
 """Kinds of a failed step that say nothing about the backend: the test is skipped, not failed."""
 NO_KERNEL_IMAGE_MARKERS = ("no kernel image is available", "nokernelimagefordevice")
+INFRASTRUCTURE_MARKERS = (
+    "address already in use",  # EADDRINUSE: the rendezvous port was taken
+    "eaddrinuse",
+    "no space left on device",  # ENOSPC: /dev/shm (NCCL, FlashInfer IPC) or the cache disk full
+    "out of memory",  # CUDA OOM (torch.OutOfMemoryError), CUDA_ERROR_OUT_OF_MEMORY
+    "cudaerrormemoryallocation",
+    "cannot allocate memory",  # ENOMEM: fork, mmap
+    "resource temporarily unavailable",  # EAGAIN: fork at the process limit
+    "too many open files",  # EMFILE
+)
+"""Lower-case fragments of errors caused by the host's resources, not by the backend under test."""
+BACKEND_STEPS = ("workspace", "eager", "graph", "timing", "benchmark")
+"""Steps that exercise the backend; a rank that ends before ``workspace`` never tested it."""
+
+UNTESTED_WHY = {
+    KIND_JIT: "the kernels could not be built or loaded",
+    KIND_NO_KERNEL_IMAGE: "CUDA has no kernel image for this GPU",
+    KIND_INFRASTRUCTURE: "an error of the host's resources, not of the backend",
+    KIND_STARTUP: "the rank ended before the backend's first step (workspace)",
+}
 
 DEFAULT_BENCH_HIDDEN = (4096, 8192)
 DEFAULT_BENCH_TOKENS = (1, 8, 64, 256, 1024, 4096)
@@ -193,13 +224,24 @@ class SmokeOutcome:
         )
 
 
+def infrastructure_error(message: str) -> bool:
+    """Whether ``message`` names an error of the host's resources (``INFRASTRUCTURE_MARKERS``)."""
+    lowered = message.lower()
+    return any(marker in lowered for marker in INFRASTRUCTURE_MARKERS)
+
+
 def failure_kind(step: str, message: str, kind: str = KIND_ERROR) -> str:
-    """The kind of a failed step: CUDA's "no kernel image" anywhere, any error in ``jit``, else ``kind``."""
+    """The kind of a failed step: CUDA's "no kernel image" anywhere, an infrastructure error
+    anywhere, any error in ``jit``, any error before the backend's steps, else ``kind``."""
     lowered = message.lower()
     if any(marker in lowered for marker in NO_KERNEL_IMAGE_MARKERS):
         return KIND_NO_KERNEL_IMAGE
+    if infrastructure_error(message):
+        return KIND_INFRASTRUCTURE
     if step == "jit":
         return KIND_JIT
+    if step not in BACKEND_STEPS:
+        return KIND_STARTUP
     return kind
 
 
@@ -220,6 +262,11 @@ def _current_step(events: Sequence[Mapping[str, Any]]) -> str:
     if last.get("status") == "ok":
         return f"after {step}"
     return step
+
+
+def _reached_backend(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a rank got as far as a step that exercises the backend."""
+    return any(e.get("step") in BACKEND_STEPS for e in events)
 
 
 def _signal_name(code: int) -> str:
@@ -334,9 +381,7 @@ def classify(
         step, error = str(e.get("step")), str(e.get("error", "failed"))
         kind = failure_kind(step, error, str(e.get("kind", KIND_ERROR)))
         if kind in UNTESTED_KINDS:
-            what = "the kernels could not be built or loaded"
-            if kind == KIND_NO_KERNEL_IMAGE:
-                what = "CUDA has no kernel image for this GPU"
+            what = UNTESTED_WHY[kind]
             reason = f"rank {r}, step {step}: {what} ({error}); the backend was not tested"
             return SmokeOutcome(b, "skipped", kind, reason, True, **common)
     if by_status["fail"]:
@@ -347,15 +392,26 @@ def classify(
 
     codes = list((supervisor or {}).get("returncodes", []))
     killed = set((supervisor or {}).get("killed", []))
+    reached = any(_reached_backend(ev) for ev in ranks)
     for r, code in enumerate(codes):
         if isinstance(code, int) and code < 0 and r not in killed:
-            step = _current_step(ranks[r]) if r < len(ranks) else "start-up"
+            events = ranks[r] if r < len(ranks) else []
+            step = _current_step(events)
             reason = f"rank {r} died with {_signal_name(code)} during {step} (contained in its process group)"
+            if code == -signal.SIGKILL:
+                why = UNTESTED_WHY[KIND_INFRASTRUCTURE]
+                reason += f": killed from outside the test (the kernel's OOM killer sends SIGKILL); {why}"
+                return SmokeOutcome(b, "skipped", KIND_INFRASTRUCTURE, reason, True, **common)
+            if not _reached_backend(events):
+                reason += f"; {UNTESTED_WHY[KIND_STARTUP]}, the backend was not tested"
+                return SmokeOutcome(b, "skipped", KIND_STARTUP, reason, True, **common)
             return SmokeOutcome(b, "fail", KIND_CRASH, reason, False, **common)
     if supervisor is None and child.signal_name is not None:
-        return SmokeOutcome(
-            b, "fail", KIND_CRASH, f"the test supervisor died with {child.signal_name}", False, **common
-        )
+        reason = f"the test supervisor died with {child.signal_name}"
+        if child.returncode == -signal.SIGKILL or not reached:
+            kind = KIND_INFRASTRUCTURE if child.returncode == -signal.SIGKILL else KIND_STARTUP
+            return SmokeOutcome(b, "skipped", kind, f"{reason}; the backend was not tested", True, **common)
+        return SmokeOutcome(b, "fail", KIND_CRASH, reason, False, **common)
 
     if len(ranks) == request.ranks and all(_last(ev, "done") is not None for ev in ranks):
         return SmokeOutcome(b, "pass", KIND_OK, "", False, **common)
@@ -367,6 +423,13 @@ def classify(
             details.append(f"rank {r} exited with {code} during {_current_step(events)}")
     tail = child.stderr_tail(4)
     reason = "; ".join(details) or f"the test supervisor exited with {child.returncode}"
+    unfinished = [ev for ev in ranks if _last(ev, "done") is None]
+    if not any(_reached_backend(ev) for ev in unfinished):
+        kind = KIND_INFRASTRUCTURE if infrastructure_error(child.stderr_tail(40)) else KIND_STARTUP
+        reason += f": {UNTESTED_WHY[kind]}; the backend was not tested"
+        if tail:
+            reason += f" | {tail}"
+        return SmokeOutcome(b, "skipped", kind, reason, True, **common)
     if tail:
         reason += f" | {tail}"
     return SmokeOutcome(b, "fail", KIND_ERROR, reason, False, **common)

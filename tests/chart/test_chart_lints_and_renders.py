@@ -33,6 +33,7 @@ CUSTOM_VALUES: dict[str, Any] = {
     "agent.probe.intervalSeconds": 3600,
     "agent.env[0].name": "NCCL_NVLS_ENABLE",
     "agent.env[0].value": "0",
+    "agent.kernelCacheHostPath": "/var/cache/fiar/flashinfer",
     "defaultPolicy.enabled": True,
     "grafanaDashboard.enabled": True,
     "crds.keep": False,
@@ -147,8 +148,38 @@ def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_
     env = {e["name"]: e for e in agent_pod["spec"]["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    assert any(v.get("hostPath") for v in agent_pod["spec"]["volumes"])
     assert re.fullmatch(r"[0-9a-f]{64}", agent_pod["metadata"]["annotations"]["checksum/config"])
+
+
+def _rules(role: dict[str, Any]) -> dict[str, set[str]]:
+    return {f"{g or 'core'}/{r}": set(rule["verbs"]) for rule in role["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
+
+
+def test_rbac_grants_no_verb_that_nothing_uses(controlplane_binaries: Any) -> None:
+    roles = {r["metadata"]["name"]: _rules(r) for r in by_kind(render(CHART))["ClusterRole"]}
+    operator = roles["fiar-operator"]
+    assert operator[f"{contract.GROUP}/{contract.PLURAL}"] == {"get", "list", "watch"}, "policies are only read"
+    assert operator[f"{contract.GROUP}/{contract.PLURAL}/status"] == {"get", "patch"}
+    assert roles["fiar-agent"] == {"core/nodes": {"get", "watch", "patch"}}, "the agent never lists Nodes"
+
+
+def test_the_agent_seeds_its_kernel_cache_by_image_and_needs_no_host_path_by_default(
+    controlplane_binaries: Any,
+) -> None:
+    def agent_pod(values: dict[str, Any]) -> dict[str, Any]:
+        return dict(by_kind(render(CHART, values))["DaemonSet"][0]["spec"]["template"]["spec"])
+
+    pod = agent_pod({})
+    command = " ".join(pod["containers"][0]["args"])
+    assert "--kernel-cache=/var/cache/fiar" in command
+    assert "cp -Rn" not in command, "a no-clobber copy keeps an older image's kernels"
+    cache = next(v for v in pod["volumes"] if v["name"] == "kernel-cache")
+    assert cache == {"name": "kernel-cache", "emptyDir": {"sizeLimit": "4Gi"}}
+    assert not any("hostPath" in v for v in pod["volumes"])
+    hosted = agent_pod({"agent.kernelCacheHostPath": "/var/cache/fiar/flashinfer"})
+    cache = next(v for v in hosted["volumes"] if v["name"] == "kernel-cache")
+    assert cache["hostPath"] == {"path": "/var/cache/fiar/flashinfer", "type": "DirectoryOrCreate"}
 
 
 def test_agent_config_change_rolls_the_daemonset(controlplane_binaries: Any) -> None:

@@ -208,6 +208,112 @@ def test_an_agent_token_not_bound_to_a_pod_changes_no_node(
         wait_for(refused, 30, "the own-node admission policy")
 
 
+NODE_METADATA_EXEMPT = {"labels", "annotations", "resourceVersion", "managedFields"}
+"""ObjectMeta fields the agent's policy does not hold equal: labels and annotations have their own
+fiar.io/ rules, resourceVersion is the agent's precondition, managedFields the API server's bookkeeping."""
+
+
+def _refused(call: Any, message: str) -> None:
+    with pytest.raises(ApiException) as denied:
+        call()
+    assert denied.value.status == 403 and message in denied.value.body, denied.value.body
+
+
+def test_agent_token_may_change_no_other_metadata_of_its_own_node(
+    installed: ControlPlane, tmp_path: Path, unique: str
+) -> None:
+    node = f"gpu-m-{unique}"
+    installed.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    token = token_for(installed, "fiar-agent", _agent_pod_on(installed, node))
+    with installed.api_client() as admin_api:
+        admin = client.CoreV1Api(admin_api)
+        uid = admin.read_node(node).metadata.uid
+        # an admin's finalizer and owner are already there: the agent's fiar.io/ writes leave them be
+        admin.patch_node(node, {"metadata": {"finalizers": ["example.com/admin-hold"]}})
+        with identity_client(installed, tmp_path, "agent-meta", token) as agent_api:
+            agent = client.CoreV1Api(agent_api)
+
+            def refused_owner(dry_run: bool = True) -> bool:
+                owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "missing",
+                         "uid": "00000000-0000-0000-0000-000000000001"}
+                try:
+                    agent.patch_node(node, {"metadata": {"ownerReferences": [owner]}},
+                                     dry_run="All" if dry_run else None)
+                except ApiException as exc:
+                    return exc.status == 403 and "ownerReferences" in exc.body
+                return False
+
+            wait_for(refused_owner, 30, "the own-node admission policy")
+            assert refused_owner(dry_run=False)
+            _refused(lambda: agent.patch_node(node, {"metadata": {"finalizers": ["example.com/stuck"]}}),
+                     "may not change a Node's finalizers")
+            _refused(lambda: agent.patch_node(node, {"metadata": {"$deleteFromPrimitiveList/finalizers":
+                                                                  ["example.com/admin-hold"]}}),
+                     "may not change a Node's finalizers")
+            _refused(lambda: agent.patch_node(node, {"metadata": {"generateName": "evil-"}}),
+                     "may change nothing in a Node's metadata but fiar.io/")
+            # what the agent does write is still allowed: fiar.io/ labels and annotations, and
+            # clearing the reprobe request with a resourceVersion precondition
+            agent.patch_node(node, {"metadata": {"labels": {contract.LABEL_BACKEND: "trtllm"},
+                                                 "annotations": {contract.ANNOTATION_REPROBE: "now"}}})
+            rv = agent.read_node(node).metadata.resource_version
+            agent.patch_node(node, {"metadata": {"resourceVersion": rv,
+                                                 "annotations": {contract.ANNOTATION_REPROBE: None}}})
+        after = admin.read_node(node)
+        assert after.metadata.uid == uid
+        assert after.metadata.finalizers == ["example.com/admin-hold"] and not after.metadata.owner_references
+        assert after.metadata.labels[contract.LABEL_BACKEND] == "trtllm"
+        assert contract.ANNOTATION_REPROBE not in (after.metadata.annotations or {})
+        admin.patch_node(node, {"metadata": {"finalizers": None}})
+
+
+def test_the_agent_policy_holds_every_other_field_of_node_metadata_equal(installed: ControlPlane) -> None:
+    spec = json.loads(kubectl(installed.kubeconfig, "get", "--raw", "/openapi/v3/api/v1").stdout)
+    with installed.api_client() as api:
+        policy = client.AdmissionregistrationV1Api(api).read_validating_admission_policy("fiar-agent-own-node")
+    fields = set(spec["components"]["schemas"]["io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"]["properties"])
+    expressions = " ".join(v.expression for v in policy.spec.validations)
+    held = {f for f in fields if f"object.metadata.?{f} == oldObject.metadata.?{f}" in expressions}
+    assert fields - held == NODE_METADATA_EXEMPT, f"not compared: {sorted(fields - held - NODE_METADATA_EXEMPT)}"
+
+
+def _pod_of(kind: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The pod a workload of the rendered chart would create (its ServiceAccount left to the namespace's)."""
+    docs = [d for d in render(CHART, values) if d["kind"] == kind]
+    spec = dict(docs[0]["spec"]["template"]["spec"])
+    spec.pop("serviceAccountName", None)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": kind.lower()}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("kind", "values", "admitted", "refused"),
+    [
+        ("Deployment", {}, "restricted", None),
+        ("DaemonSet", {}, "baseline", "restricted"),
+        ("DaemonSet", {"agent.kernelCacheHostPath": "/var/cache/fiar/flashinfer"}, "privileged", "baseline"),
+    ],
+    ids=["operator", "agent", "agent-with-host-cache"],
+)
+def test_components_meet_the_documented_pod_security_level(
+    installed: ControlPlane, unique: str, kind: str, values: dict[str, Any], admitted: str, refused: str | None
+) -> None:
+    pod = _pod_of(kind, values)
+    with installed.api_client() as api:
+        core = client.CoreV1Api(api)
+
+        def create(level: str) -> None:
+            ns = f"pss-{level}-{unique}"
+            installed.create_namespace(ns, labels={"pod-security.kubernetes.io/enforce": level})
+            wait_for(lambda: core.list_namespaced_service_account(ns).items, 30, "the default ServiceAccount")
+            core.create_namespaced_pod(ns, pod, dry_run="All")
+
+        create(admitted)
+        if refused is not None:
+            with pytest.raises(ApiException) as denied:
+                create(refused)
+            assert denied.value.status == 403 and "violates PodSecurity" in denied.value.body
+
+
 def test_operator_account_reads_pods_but_no_secret(installed: ControlPlane, tmp_path: Path) -> None:
     with identity_client(installed, tmp_path, "operator", token_for(installed, "fiar-operator")) as operator:
         core = client.CoreV1Api(operator)

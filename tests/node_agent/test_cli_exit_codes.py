@@ -90,6 +90,51 @@ def test_malformed_fixture_is_a_configuration_error(tmp_path: Path) -> None:
     assert "gpus[0].index: expected an integer" in proc.stderr
 
 
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit setting ``value`` at a dotted ``path`` (``gpus.0.nvlinks``) of a fixture."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("gpus.0.nvlinks", -1, "gpus[0].nvlinks: expected a list, got -1"),
+        ("errors", 5, "errors: expected a list of strings, got 5"),
+        ("simulate.smoke", "x", "simulate.smoke: expected an object, got 'x'"),
+        ("simulate.software", "torch", "simulate.software: expected an object, got 'torch'"),
+        ("simulate.smoke.trtllm", {"outcome": "fail", "step": 3}, "simulate.smoke.trtllm.step: 3 is not one of"),
+        ("simulate.smoke.trtllm", {"jit_s": "slow"}, "simulate.smoke.trtllm.jit_s: expected a non-negative number"),
+        ("simulate.smoke.trtllm", {"bench": [{"hidden": 1}]}, "simulate.smoke.trtllm.bench[0].tokens"),
+        ("simulate.smoke.trtllm", {"latency_us": [1]}, "simulate.smoke.trtllm.latency_us: expected an object"),
+        ("simulate.native_probe", "explode", "simulate.native_probe: 'explode' is not one of"),
+        ("torch", ["2.11"], "torch: expected a string or null"),
+    ],
+)
+def test_corrupted_fixtures_exit_2_with_a_message_and_no_traceback(
+    host_file: Callable[..., Path], path: str, value: Any, message: str
+) -> None:
+    proc = agent("probe", "--simulate", str(host_file("h200x2-host", _set(path, value))), "--no-benchmark")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "invalid configuration" in proc.stderr and message in proc.stderr, proc.stderr
+
+
+def test_a_fixture_nested_5000_deep_exits_2(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"gpus": [], "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    proc = agent("probe", "--simulate", str(deep))
+    assert proc.returncode == 2, proc.stderr
+    assert "nested too deeply" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_inventory_prints_the_recorded_host_format(tmp_path: Path) -> None:
     out = tmp_path / "host.json"
     proc = agent("inventory", "--simulate", "h200x2-host", "--output", str(out))

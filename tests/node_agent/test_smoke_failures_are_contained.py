@@ -198,3 +198,73 @@ def test_rank_events_survive_a_kill(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.jsonl"
     path.write_text(json.dumps({"step": "jit", "status": "start"}) + "\n" + '{"step": "jit", "sta')
     assert read_events(path) == [{"step": "jit", "status": "start"}]
+
+
+INIT_FAILS = [{"step": "import", "status": "ok"}, {"step": "init", "status": "start"}]
+IN_WORKSPACE = [*OK_TO_JIT[:2], {"step": "jit", "status": "ok"}, {"step": "workspace", "status": "start"}]
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind"),
+    [
+        ({"step": "init", "status": "fail", "kind": "error",
+          "error": "DistNetworkError: The server socket has failed to listen on any local network address. "
+                   "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"},
+         "infrastructure"),
+        ({"step": "init", "status": "fail", "kind": "error",
+          "error": "DistBackendError: NCCL error: unhandled system error, NCCL version 2.27.3"}, "startup"),
+        ({"step": "workspace", "status": "fail", "kind": "error",
+          "error": "OSError: [Errno 28] No space left on device: '/dev/shm/fiar-ipc'"}, "infrastructure"),
+        ({"step": "workspace", "status": "fail", "kind": "error",
+          "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}, "infrastructure"),
+        ({"step": "eager", "status": "fail", "kind": "error",
+          "error": "BlockingIOError: [Errno 11] Resource temporarily unavailable"}, "infrastructure"),
+    ],
+)  # fmt: skip
+def test_infrastructure_errors_and_start_up_failures_are_inconclusive(failure: dict[str, Any], kind: str) -> None:
+    request = SmokeRequest("trtllm", (0, 1), 30.0)
+    ranks = _events([*INIT_FAILS, failure], INIT_FAILS)
+    outcome = classify(request, ranks, {"returncodes": [1, -9], "first_failure": 0, "killed": [1]}, _child(), {})
+    assert (outcome.result, outcome.kind, outcome.degraded) == ("skipped", kind, True)
+    assert "not tested" in outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("codes", "ranks", "kind"),
+    [
+        ([1, 1], _events([], []), "startup"),  # both ranks exited before their first event
+        ([1, -9], _events(INIT_FAILS, INIT_FAILS), "startup"),  # rank 0 left in init; its peer was killed
+        ([-11, -9], _events(INIT_FAILS, INIT_FAILS), "startup"),  # a segfault while NCCL starts
+        ([-9, 0], _events(IN_WORKSPACE, [*IN_WORKSPACE, {"step": "done", "status": "done"}]), "infrastructure"),
+    ],
+)
+def test_a_rank_that_ends_before_the_backend_ran_is_inconclusive(
+    codes: list[int], ranks: list[list[dict[str, Any]]], kind: str
+) -> None:
+    supervisor = {"returncodes": codes, "first_failure": 0, "killed": [1] if codes[1] == -9 else []}
+    outcome = classify(SmokeRequest("trtllm", (0, 1), 30.0), ranks, supervisor, _child(), {})
+    assert (outcome.result, outcome.kind, outcome.degraded) == ("skipped", kind, True), outcome.reason
+
+
+def test_a_rank_that_exits_in_the_backends_steps_is_still_a_failure() -> None:
+    ranks = _events(IN_WORKSPACE, IN_WORKSPACE)
+    supervisor = {"returncodes": [1, -9], "first_failure": 0, "killed": [1]}
+    outcome = classify(SmokeRequest("trtllm", (0, 1), 30.0), ranks, supervisor, _child(), {})
+    assert (outcome.result, outcome.kind, outcome.degraded) == ("fail", "error", False)
+
+
+class _DyingRanks(SimulatedHardware):
+    """The simulated host, but every smoke-test rank dies at start-up with a traceback."""
+
+    def smoke_worker(self, backend: contract.Backend) -> list[str]:
+        return [sys.executable, "-c", "raise AttributeError(\"'str' object has no attribute 'get'\")"]
+
+
+def test_ranks_dying_at_start_up_never_give_a_verdict_of_none(host_file: Callable[..., Path]) -> None:
+    hw = _DyingRanks(host_file("h200x2-host"))
+    probed = probe(hw, ProbeConfig(timeout_s=30.0, peer_grace_s=1.0, benchmark=False), environ={})
+    test = probed.report["tests"]["trtllm"]
+    assert (test["result"], test["kind"], test.get("degraded")) == ("skipped", "startup", True), test["reason"]
+    assert "AttributeError" in test["reason"]
+    assert contract.LABEL_BACKEND not in probed.labels, "an inconclusive probe never writes none"
+    assert probed.exit_code == 1
