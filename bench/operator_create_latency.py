@@ -86,7 +86,11 @@ class Running:
             except OSError:
                 return False
 
-        wait_for(ready, 120, "operator ready")
+        try:
+            wait_for(ready, 120, "operator ready")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGCONT)
@@ -187,23 +191,23 @@ def main() -> None:
                 if kind != "without":
                     running = Running(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
-                if kind in ("fiar", "frozen"):
-                    assert running is not None
-                    register(client, plane, running.port)
-                    if variant == "after":
-                        wait_for(
-                            lambda: (
-                                "matchConditions"
-                                in client.call("GET", f"{kube.MUTATING_CONFIGS}/{CONFIG}")["webhooks"][0]
-                            ),
-                            30,
-                            "conditions set",
-                        )
-                        time.sleep(2)
-                if kind == "frozen":
-                    assert running is not None
-                    os.killpg(running.process.pid, signal.SIGSTOP)
                 try:
+                    if kind in ("fiar", "frozen"):
+                        assert running is not None
+                        register(client, plane, running.port)
+                        if variant == "after":
+                            wait_for(
+                                lambda: (
+                                    "matchConditions"
+                                    in client.call("GET", f"{kube.MUTATING_CONFIGS}/{CONFIG}")["webhooks"][0]
+                                ),
+                                30,
+                                "conditions set",
+                            )
+                            time.sleep(2)
+                    if kind == "frozen":
+                        assert running is not None
+                        os.killpg(running.process.pid, signal.SIGSTOP)
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
