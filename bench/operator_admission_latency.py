@@ -35,84 +35,42 @@ def build_store(nodes: int, pods: int, namespaces: int, policies: int) -> Store:
         store.put_namespace({"metadata": {"name": f"ns-{i}", "labels": {"team": f"t{i % 10}"}}})
     store.put_namespace({"metadata": {"name": "web", "labels": {"team": "web"}}})
     for i in range(policies):
-        store.put_policy(
-            {
-                "metadata": {"name": f"policy-{i}"},
-                "spec": {
-                    "podSelector": {"matchLabels": {"app": f"vllm-{i}"}},
-                    "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}},
-                    "priority": i % 3,
-                },
-            }
-        )
+        store.put_policy({"metadata": {"name": f"policy-{i}"}, "spec": {
+            "podSelector": {"matchLabels": {"app": f"vllm-{i}"}},
+            "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}}, "priority": i % 3}})
     for i in range(pods):
         labels = {"app": f"vllm-{i % policies}"}
         if i % 2 == 0:
             labels[contract.LABEL_POD_POLICY] = f"policy-{i % policies}"
-        store.put_pod(
-            {
-                "metadata": {
-                    "name": f"pod-{i}",
-                    "namespace": f"ns-{i % namespaces}",
-                    "uid": f"u-{i}",
-                    "labels": labels,
-                    "resourceVersion": "1",
-                },
-                "spec": {},
-            }
-        )
+        store.put_pod({"metadata": {"name": f"pod-{i}", "namespace": f"ns-{i % namespaces}", "uid": f"u-{i}",
+                                    "labels": labels, "resourceVersion": "1"}, "spec": {}})
     return store
 
 
 def review(request: dict[str, Any]) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {"uid": "8b2c7d5e-0000-4000-8000-000000000000", **request},
-        }
-    ).encode()
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": "8b2c7d5e-0000-4000-8000-000000000000", **request}}).encode()
 
 
 def binding(namespace: str, name: str, uid: str, node: str) -> bytes:
-    return review(
-        {
-            "operation": "CREATE",
-            "namespace": namespace,
-            "name": name,
-            "subResource": "binding",
-            "kind": {"group": "", "version": "v1", "kind": "Binding"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "userInfo": {"username": "system:kube-scheduler"},
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": name, "namespace": namespace, "uid": uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-            },
-        }
-    )
+    return review({"operation": "CREATE", "namespace": namespace, "name": name, "subResource": "binding",
+                   "kind": {"group": "", "version": "v1", "kind": "Binding"},
+                   "resource": {"group": "", "version": "v1", "resource": "pods"},
+                   "userInfo": {"username": "system:kube-scheduler"},
+                   "object": {"apiVersion": "v1", "kind": "Binding",
+                              "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                              "target": {"apiVersion": "v1", "kind": "Node", "name": node}}})
 
 
 def vllm_pod(namespace: str, app: str) -> bytes:
-    container = {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:v0.26.0",
-        "args": ["--model", "m", "--tensor-parallel-size", "8"],
-        "env": [{"name": "HF_HOME", "value": "/cache"}],
-        "resources": {"limits": {"nvidia.com/gpu": "8"}},
-    }
-    return review(
-        {
-            "operation": "CREATE",
-            "namespace": namespace,
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "object": {
-                "metadata": {"generateName": f"{app}-7d9f8c-", "labels": {"app": app}},
-                "spec": {"containers": [container, {"name": "sidecar", "image": "envoy"}]},
-            },
-        }
-    )
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.26.0",
+                 "args": ["--model", "m", "--tensor-parallel-size", "8"],
+                 "env": [{"name": "HF_HOME", "value": "/cache"}],
+                 "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+    return review({"operation": "CREATE", "namespace": namespace,
+                   "resource": {"group": "", "version": "v1", "resource": "pods"},
+                   "object": {"metadata": {"generateName": f"{app}-7d9f8c-", "labels": {"app": app}},
+                              "spec": {"containers": [container, {"name": "sidecar", "image": "envoy"}]}}})
 
 
 def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
@@ -124,12 +82,8 @@ def timed(fn: Callable[[], Any], rounds: int) -> dict[str, float]:
         fn()
         samples.append((time.perf_counter_ns() - started) / 1000)
     samples.sort()
-    return {
-        "p50_us": samples[len(samples) // 2],
-        "p99_us": samples[int(len(samples) * 0.99)],
-        "mean_us": statistics.fmean(samples),
-        "max_us": samples[-1],
-    }
+    return {"p50_us": samples[len(samples) // 2], "p99_us": samples[int(len(samples) * 0.99)],
+            "mean_us": statistics.fmean(samples), "max_us": samples[-1]}
 
 
 def main() -> None:
@@ -150,9 +104,8 @@ def main() -> None:
     admission.pod_create(parse_review(vllm_pod("ns-4", "vllm-4")))
     cases = {
         "binding: managed pod, from the pod index": binding("ns-0", "pod-0", "u-0", "gpu-1"),
-        "binding: managed pod, before its watch event (admission memo)": binding(
-            "ns-4", "vllm-4-7d9f8c-x2k4q", "u-new", "gpu-0"
-        ),
+        "binding: managed pod, before its watch event (admission memo)": binding("ns-4", "vllm-4-7d9f8c-x2k4q",
+                                                                                 "u-new", "gpu-0"),
         "binding: unmanaged pod in a covered namespace": binding("ns-1", "pod-1", "u-1", "gpu-2"),
         "binding: namespace no policy covers": binding("web", "web-1", "u-w", "gpu-2"),
         "pod CREATE: vLLM pod, env + label + annotations": vllm_pod("ns-3", "vllm-3"),
@@ -163,11 +116,9 @@ def main() -> None:
         answer = handler(parse_review(body))
         assert isinstance(answer, dict), f"{name}: needed an API read"
         results[name] = timed(lambda body=body, handler=handler: handler(parse_review(body)), args.rounds)
-    print(
-        f"indexes: {args.nodes} nodes, {args.pods} pods, {args.namespaces} namespaces, {args.policies} policies "
-        f"(built in {built:.1f}s); {platform.python_implementation()} {platform.python_version()}, "
-        f"{platform.machine()}"
-    )
+    print(f"indexes: {args.nodes} nodes, {args.pods} pods, {args.namespaces} namespaces, {args.policies} policies "
+          f"(built in {built:.1f}s); {platform.python_implementation()} {platform.python_version()}, "
+          f"{platform.machine()}")
     print(f"{'case':66} {'p50 µs':>8} {'p99 µs':>8} {'mean µs':>8}")
     for name, r in results.items():
         print(f"{name:66} {r['p50_us']:8.1f} {r['p99_us']:8.1f} {r['mean_us']:8.1f}")

@@ -138,13 +138,8 @@ class Target:
 def review(uid: str = "u", dry_run: bool = False, **pod: Any) -> bytes:
     meta = {"generateName": "vllm-7d9f-", "labels": {"app": "vllm"}, **pod.pop("metadata", {})}
     spec = {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}], **pod}
-    request = {
-        "uid": uid,
-        "operation": "CREATE",
-        "namespace": "ml",
-        "dryRun": dry_run,
-        "object": {"metadata": meta, "spec": spec},
-    }
+    request = {"uid": uid, "operation": "CREATE", "namespace": "ml", "dryRun": dry_run,
+               "object": {"metadata": meta, "spec": spec}}
     return json.dumps({**ENVELOPE, "request": request}).encode()
 
 
@@ -212,13 +207,9 @@ def attacks(target: Target, quick: bool) -> None:
     before = target.rss_mib()
     absurd = review(metadata={"labels": {f"k{i}": "v" for i in range(60_000)} | {"app": "vllm"}})
     statuses = Counter(target.post(absurd)[0] for _ in range(12))
-    report(
-        "12 CREATEs with 60,000 labels each",
-        body_mib=f"{len(absurd) / 2**20:.1f}",
-        statuses=dict(statuses),
-        memo_entries=target.metric("fiar_index_objects", index="admission_memo"),
-        rss_mib=f"{before:.0f} -> {target.rss_mib():.0f}",
-    )
+    report("12 CREATEs with 60,000 labels each", body_mib=f"{len(absurd) / 2**20:.1f}", statuses=dict(statuses),
+           memo_entries=target.metric("fiar_index_objects", index="admission_memo"),
+           rss_mib=f"{before:.0f} -> {target.rss_mib():.0f}")
 
     # 2. A flood of ordinary CREATEs, each under its own generateName.
     before = target.rss_mib()
@@ -235,30 +226,22 @@ def attacks(target: Target, quick: bool) -> None:
         return target.post(review(f"c{i}", metadata={"generateName": f"vllm-{i:06d}-"}), conn=local.conn)[0]
 
     statuses = parallel(count, create_one, workers=4)
-    report(
-        f"{count} ordinary CREATEs",
-        statuses=dict(statuses),
-        memo_entries=target.metric("fiar_index_objects", index="admission_memo"),
-        rss_mib=f"{before:.0f} -> {target.rss_mib():.0f}",
-    )
+    report(f"{count} ordinary CREATEs", statuses=dict(statuses),
+           memo_entries=target.metric("fiar_index_objects", index="admission_memo"),
+           rss_mib=f"{before:.0f} -> {target.rss_mib():.0f}")
 
     # 3. Oversized bodies from two clients.
     big = b'{"kind": "AdmissionReview", "request": {"uid": "x", "pad": "' + b"x" * int(7.7 * 2**20) + b'"}}'
     peak = [target.rss_mib()]
     with Probe(target) as probe:
-
         def send_big() -> Any:
             status = target.post(big)[0]
             peak[0] = max(peak[0], target.rss_mib())
             return status
 
         statuses = parallel(20, send_big, workers=2)
-    report(
-        "20 bodies of 7.7 MiB from two clients",
-        statuses=dict(statuses),
-        peak_rss_mib=f"{peak[0]:.0f}",
-        probe=probe.summary(),
-    )
+    report("20 bodies of 7.7 MiB from two clients", statuses=dict(statuses), peak_rss_mib=f"{peak[0]:.0f}",
+           probe=probe.summary())
 
     # 4. Huge legal pods: three dry-run pods with 24,000 containers each, at once.
     huge = review(dry_run=True, containers=[{"name": f"c{i}", "image": "busybox"} for i in range(24_000)])
@@ -267,12 +250,8 @@ def attacks(target: Target, quick: bool) -> None:
         answers = parallel(3, lambda: target.post(huge), workers=3)
         time.sleep(0.5)
     warnings = {json.loads(body)["response"].get("warnings", ["-"])[0] for (status, body) in answers if status == 200}
-    report(
-        "3 dry-run pods with 24,000 containers at once",
-        body_mib=f"{len(huge) / 2**20:.2f}",
-        answers=sorted(warnings),
-        probe=probe.summary(),
-    )
+    report("3 dry-run pods with 24,000 containers at once", body_mib=f"{len(huge) / 2**20:.2f}",
+           answers=sorted(warnings), probe=probe.summary())
 
     # 5. Idle TLS connections.
     before = target.rss_mib()
@@ -285,11 +264,8 @@ def attacks(target: Target, quick: bool) -> None:
         with contextlib.suppress(TimeoutError, ssl.SSLError, OSError):
             closed += sock.recv(1) == b""
         sock.close()
-    report(
-        "600 idle TLS connections",
-        rss_mib=f"{before:.0f} -> {opened:.0f} while open",
-        closed_by_the_server_after_12_s=closed,
-    )
+    report("600 idle TLS connections", rss_mib=f"{before:.0f} -> {opened:.0f} while open",
+           closed_by_the_server_after_12_s=closed)
 
     # 6. More connections than file descriptors (the server's limit is 1,024).
     with Probe(target) as probe:
@@ -305,12 +281,8 @@ def attacks(target: Target, quick: bool) -> None:
         time.sleep(1)
         for sock in held:
             sock.close()
-    report(
-        "1,100 TLS connections held open",
-        opened=len(held),
-        fresh_review=f"{status} in {through * 1000:.0f} ms",
-        probe=probe.summary(),
-    )
+    report("1,100 TLS connections held open", opened=len(held), fresh_review=f"{status} in {through * 1000:.0f} ms",
+           probe=probe.summary())
 
     # 7. Slow bodies.
     with Probe(target) as probe:
@@ -338,21 +310,10 @@ def attacks(target: Target, quick: bool) -> None:
     rng = random.Random(14)
     base = json.loads(review("fuzz"))
     values: list[Any] = [None, 0, -1, 2**70, "", "x" * 10_000, [], {}, [[[]]], True, "attacker/pods/prod", "ml"]
-    paths = [
-        ("request",),
-        ("request", "uid"),
-        ("request", "namespace"),
-        ("request", "operation"),
-        ("request", "object"),
-        ("request", "object", "metadata"),
-        ("request", "object", "spec"),
-        ("request", "object", "metadata", "labels"),
-        ("request", "object", "spec", "containers"),
-        ("request", "name"),
-        ("request", "subResource"),
-        ("request", "object", "target"),
-        ("apiVersion",),
-    ]
+    paths = [("request",), ("request", "uid"), ("request", "namespace"), ("request", "operation"),
+             ("request", "object"), ("request", "object", "metadata"), ("request", "object", "spec"),
+             ("request", "object", "metadata", "labels"), ("request", "object", "spec", "containers"),
+             ("request", "name"), ("request", "subResource"), ("request", "object", "target"), ("apiVersion",)]
     count = 5_000 // scale
     conn = target.connection()
     for i in range(count):
@@ -373,14 +334,9 @@ def attacks(target: Target, quick: bool) -> None:
             conn.close()
             conn = target.connection()
     conn.close()
-    report(
-        f"{count} fuzzed reviews",
-        statuses=dict(fuzzed),
-        answers_without_the_requests_uid=missing_uid,
-        tracebacks_in_the_log=target.tracebacks(),
-        server_alive=target.process.poll() is None,
-        rss_mib=f"{target.rss_mib():.0f}",
-    )
+    report(f"{count} fuzzed reviews", statuses=dict(fuzzed), answers_without_the_requests_uid=missing_uid,
+           tracebacks_in_the_log=target.tracebacks(), server_alive=target.process.poll() is None,
+           rss_mib=f"{target.rss_mib():.0f}")
 
 
 # -- reconciler costs (in process) ----------------------------------------------------------------------
@@ -394,27 +350,15 @@ def reconciler(quick: bool) -> None:
     for n in range(200):
         store.put_namespace({"metadata": {"name": f"ns-{n}", "resourceVersion": "1", "labels": {"team": f"t{n % 10}"}}})
     for i in range(policies):
-        spec = {
-            "podSelector": {"matchLabels": {"app": f"vllm-{i}"}},
-            "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}},
-            "backends": ["mnnvl"] if i % 2 else ["trtllm"],
-        }
-        store.put_policy(
-            {"metadata": {"name": f"p{i}", "uid": f"u{i}", "generation": 1, "resourceVersion": "1"}, "spec": spec}
-        )
+        spec = {"podSelector": {"matchLabels": {"app": f"vllm-{i}"}},
+                "namespaceSelector": {"matchLabels": {"team": f"t{i % 10}"}},
+                "backends": ["mnnvl"] if i % 2 else ["trtllm"]}
+        store.put_policy({"metadata": {"name": f"p{i}", "uid": f"u{i}", "generation": 1, "resourceVersion": "1"},
+                          "spec": spec})
     for i in range(pods):
-        store.put_pod(
-            {
-                "metadata": {
-                    "name": f"pod-{i}",
-                    "namespace": f"ns-{i % 200}",
-                    "uid": f"pu-{i}",
-                    "labels": {"app": f"vllm-{i % policies}"},
-                },
-                "spec": {"containers": [{"name": "vllm"}]},
-                "status": {"phase": "Running"},
-            }
-        )
+        store.put_pod({"metadata": {"name": f"pod-{i}", "namespace": f"ns-{i % 200}", "uid": f"pu-{i}",
+                                    "labels": {"app": f"vllm-{i % policies}"}},
+                       "spec": {"containers": [{"name": "vllm"}]}, "status": {"phase": "Running"}})
     tracker = Unconfigured(store, lambda ns: False, lambda name: None)
     started = time.process_time()
     tracker.sweep()
@@ -423,12 +367,9 @@ def reconciler(quick: bool) -> None:
     started = time.process_time()
     tracker.sweep()
     one = time.process_time() - started
-    report(
-        f"unconfigured-pods sweep, {pods} pods x {policies} policies, 200 namespaces",
-        full_sweep_cpu_s=f"{full:.2f}",
-        sweep_after_one_namespace_event_cpu_s=f"{one:.3f}",
-        ratio=f"{full / max(one, 1e-6):.0f}x",
-    )
+    report(f"unconfigured-pods sweep, {pods} pods x {policies} policies, 200 namespaces",
+           full_sweep_cpu_s=f"{full:.2f}", sweep_after_one_namespace_event_cpu_s=f"{one:.3f}",
+           ratio=f"{full / max(one, 1e-6):.0f}x")
 
     class Recording:
         def __init__(self) -> None:
@@ -453,11 +394,8 @@ def reconciler(quick: bool) -> None:
     store.put_node({"metadata": {"name": "gpu-0", "resourceVersion": "2", "labels": labels}})
     writer.mark()
     writer.flush()
-    report(
-        f"policy status after one node flip (mnnvl -> trtllm), {policies} policies, half of them [mnnvl]",
-        status_writes_at_once=kube.patches,
-        status_writes_of_the_others_deferred_by_s=NODE_COUNTS_REFRESH,
-    )
+    report(f"policy status after one node flip (mnnvl -> trtllm), {policies} policies, half of them [mnnvl]",
+           status_writes_at_once=kube.patches, status_writes_of_the_others_deferred_by_s=NODE_COUNTS_REFRESH)
     kube.patches = 0
     labels = {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass", contract.LABEL_GPUS: "8"}
     store.put_node({"metadata": {"name": "gpu-1", "resourceVersion": "2", "labels": labels}})

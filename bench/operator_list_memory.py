@@ -44,211 +44,87 @@ def synthetic_pod(i: int) -> dict[str, Any]:
         {"name": "HF_HOME", "value": "/models/cache"},
         {"name": contract.ENV_VAR, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}},
     ]
-    probe = {
-        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
-        "periodSeconds": 10,
-        "timeoutSeconds": 1,
-        "successThreshold": 1,
-        "failureThreshold": 3,
-    }
-    fields = {
-        f"f:{k}": {}
-        for k in (
-            "dnsPolicy",
-            "enableServiceLinks",
-            "restartPolicy",
-            "schedulerName",
-            "securityContext",
-            "terminationGracePeriodSeconds",
-        )
-    }
+    probe = {"httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"}, "periodSeconds": 10,
+             "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3}
+    fields = {f"f:{k}": {} for k in ("dnsPolicy", "enableServiceLinks", "restartPolicy", "schedulerName",
+                                     "securityContext", "terminationGracePeriodSeconds")}
     owner_key = f'k:{{"uid":"{uid}"}}'
     env_fields = {f'k:{{"name":"{e["name"]}"}}': {".": {}, "f:name": {}, "f:value": {}} for e in env}
-    container_fields = {
-        ".": {},
-        "f:args": {},
-        "f:env": env_fields,
-        "f:image": {},
-        "f:livenessProbe": {},
-        "f:readinessProbe": {},
-        "f:resources": {},
-        "f:volumeMounts": {},
-    }
+    container_fields = {".": {}, "f:args": {}, "f:env": env_fields, "f:image": {}, "f:livenessProbe": {},
+                        "f:readinessProbe": {}, "f:resources": {}, "f:volumeMounts": {}}
     controller_fields = {
-        "f:metadata": {
-            "f:generateName": {},
-            "f:labels": {".": {}, "f:app": {}, "f:pod-template-hash": {}},
-            "f:ownerReferences": {".": {}, owner_key: {}},
-        },
+        "f:metadata": {"f:generateName": {}, "f:labels": {".": {}, "f:app": {}, "f:pod-template-hash": {}},
+                       "f:ownerReferences": {".": {}, owner_key: {}}},
         "f:spec": {"f:containers": {'k:{"name":"vllm"}': container_fields}, **fields},
     }
-    status_fields = {
-        f"f:{k}": {}
-        for k in ("conditions", "containerStatuses", "hostIP", "hostIPs", "phase", "podIP", "podIPs", "startTime")
-    }
+    status_fields = {f"f:{k}": {} for k in (
+        "conditions", "containerStatuses", "hostIP", "hostIPs", "phase", "podIP", "podIPs", "startTime")}
     managed = [
-        {
-            "manager": "kube-controller-manager",
-            "operation": "Update",
-            "apiVersion": "v1",
-            "time": stamp,
-            "fieldsType": "FieldsV1",
-            "fieldsV1": controller_fields,
-        },
-        {
-            "manager": "kube-scheduler",
-            "operation": "Update",
-            "apiVersion": "v1",
-            "time": stamp,
-            "fieldsType": "FieldsV1",
-            "subresource": "status",
-            "fieldsV1": {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': {".": {}, "f:status": {}}}}},
-        },
-        {
-            "manager": "kubelet",
-            "operation": "Update",
-            "apiVersion": "v1",
-            "time": stamp,
-            "fieldsType": "FieldsV1",
-            "subresource": "status",
-            "fieldsV1": {"f:status": status_fields},
-        },
+        {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1", "time": stamp,
+         "fieldsType": "FieldsV1", "fieldsV1": controller_fields},
+        {"manager": "kube-scheduler", "operation": "Update", "apiVersion": "v1", "time": stamp,
+         "fieldsType": "FieldsV1", "subresource": "status",
+         "fieldsV1": {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': {".": {}, "f:status": {}}}}}},
+        {"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "time": stamp, "fieldsType": "FieldsV1",
+         "subresource": "status", "fieldsV1": {"f:status": status_fields}},
     ]
-    decision = json.dumps(
-        {
-            "backend": "mnnvl",
-            "node": f"gpu-{i % 500}",
-            "nodeVerdict": "mnnvl",
-            "policy": "vllm",
-            "reason": "Verified",
-            "time": stamp,
-            "trigger": "binding",
-        }
-    )
-    conditions = [
-        {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp}
-        for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
-    ]
+    decision = json.dumps({"backend": "mnnvl", "node": f"gpu-{i % 500}", "nodeVerdict": "mnnvl", "policy": "vllm",
+                           "reason": "Verified", "time": stamp, "trigger": "binding"})
+    conditions = [{"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp}
+                  for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")]
     return {
         "metadata": {
-            "name": name,
-            "generateName": name[:-5],
-            "namespace": f"team-{i % 50}",
-            "uid": uid,
-            "resourceVersion": str(100_000 + i),
-            "creationTimestamp": stamp,
+            "name": name, "generateName": name[:-5], "namespace": f"team-{i % 50}", "uid": uid,
+            "resourceVersion": str(100_000 + i), "creationTimestamp": stamp,
             "labels": {"app": "vllm-llama-70b", "pod-template-hash": "7d9f8c6b5", contract.LABEL_POD_POLICY: "vllm"},
             "annotations": {contract.ANNOTATION_POD_BACKEND: "mnnvl", contract.ANNOTATION_POD_DECISION: decision},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": name[:-6],
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name[:-6], "uid": uid,
+                                 "controller": True, "blockOwnerDeletion": True}],
             "managedFields": managed,
         },
         "spec": {
-            "containers": [
-                {
-                    "name": "vllm",
-                    "image": "vllm/vllm-openai:v0.26.0",
-                    "args": ["--model", "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "8"],
-                    "env": env,
-                    "ports": [{"containerPort": 8000, "name": "http", "protocol": "TCP"}],
-                    "resources": {
-                        "limits": {"nvidia.com/gpu": "8", "memory": "900Gi"},
-                        "requests": {"nvidia.com/gpu": "8", "memory": "900Gi", "cpu": "64"},
-                    },
-                    "volumeMounts": [
-                        {"name": n, "mountPath": p}
-                        for n, p in (
-                            ("models", "/models"),
-                            ("shm", "/dev/shm"),
-                            ("kube-api-access-x7k2p", "/var/run/secrets/kubernetes.io/serviceaccount"),
-                        )
-                    ],
-                    "livenessProbe": probe,
-                    "readinessProbe": probe,
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-            ],
+            "containers": [{
+                "name": "vllm", "image": "vllm/vllm-openai:v0.26.0",
+                "args": ["--model", "meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "8"],
+                "env": env, "ports": [{"containerPort": 8000, "name": "http", "protocol": "TCP"}],
+                "resources": {"limits": {"nvidia.com/gpu": "8", "memory": "900Gi"},
+                              "requests": {"nvidia.com/gpu": "8", "memory": "900Gi", "cpu": "64"}},
+                "volumeMounts": [{"name": n, "mountPath": p} for n, p in (
+                    ("models", "/models"), ("shm", "/dev/shm"),
+                    ("kube-api-access-x7k2p", "/var/run/secrets/kubernetes.io/serviceaccount"))],
+                "livenessProbe": probe, "readinessProbe": probe, "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent",
+            }],
             "volumes": [
                 {"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
-                {
-                    "name": "kube-api-access-x7k2p",
-                    "projected": {
-                        "defaultMode": 420,
-                        "sources": [
-                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                            {
-                                "downwardAPI": {
-                                    "items": [
-                                        {
-                                            "path": "namespace",
-                                            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
-                                        }
-                                    ]
-                                }
-                            },
-                        ],
-                    },
-                },
+                {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                        "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}},
             ],
             "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-                {
-                    "key": "node.kubernetes.io/unreachable",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
             ],
-            "nodeName": f"gpu-{i % 500}",
-            "restartPolicy": "Always",
-            "dnsPolicy": "ClusterFirst",
-            "schedulerName": "default-scheduler",
-            "serviceAccountName": "default",
-            "priority": 0,
-            "terminationGracePeriodSeconds": 30,
-            "enableServiceLinks": True,
-            "preemptionPolicy": "PreemptLowerPriority",
+            "nodeName": f"gpu-{i % 500}", "restartPolicy": "Always", "dnsPolicy": "ClusterFirst",
+            "schedulerName": "default-scheduler", "serviceAccountName": "default", "priority": 0,
+            "terminationGracePeriodSeconds": 30, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
         },
         "status": {
-            "phase": "Running",
-            "conditions": conditions,
-            "hostIP": "10.0.0.7",
-            "podIP": f"10.244.{i // 250}.{i % 250}",
-            "hostIPs": [{"ip": "10.0.0.7"}],
-            "podIPs": [{"ip": f"10.244.{i // 250}.{i % 250}"}],
-            "startTime": stamp,
+            "phase": "Running", "conditions": conditions, "hostIP": "10.0.0.7", "podIP": f"10.244.{i // 250}.{i % 250}",
+            "hostIPs": [{"ip": "10.0.0.7"}], "podIPs": [{"ip": f"10.244.{i // 250}.{i % 250}"}], "startTime": stamp,
             "qosClass": "Burstable",
-            "containerStatuses": [
-                {
-                    "name": "vllm",
-                    "ready": True,
-                    "restartCount": 0,
-                    "started": True,
-                    "image": "vllm/vllm-openai:v0.26.0",
-                    "imageID": "docker.io/vllm/vllm-openai@sha256:" + "0" * 64,
-                    "containerID": "containerd://" + f"{i:064x}",
-                    "state": {"running": {"startedAt": stamp}},
-                    "lastState": {},
-                }
-            ],
+            "containerStatuses": [{
+                "name": "vllm", "ready": True, "restartCount": 0, "started": True, "image": "vllm/vllm-openai:v0.26.0",
+                "imageID": "docker.io/vllm/vllm-openai@sha256:" + "0" * 64,
+                "containerID": "containerd://" + f"{i:064x}", "state": {"running": {"startedAt": stamp}},
+                "lastState": {},
+            }],
         },
     }
 
@@ -259,15 +135,8 @@ class FakeApi(kube.Kube):
     def __init__(self, pods: int) -> None:
         self.pods = pods
 
-    def call(
-        self,
-        method: str,
-        path: str,
-        query: Any = None,
-        body: Any = None,
-        content_type: str | None = None,
-        timeout: Any = 10.0,
-    ) -> Any:
+    def call(self, method: str, path: str, query: Any = None, body: Any = None, content_type: str | None = None,
+             timeout: Any = 10.0) -> Any:
         start = int((query or {}).get("continue") or 0)
         end = min(start + int((query or {}).get("limit") or PAGE), self.pods)
         meta: dict[str, Any] = {"resourceVersion": "200000"}
@@ -337,23 +206,17 @@ def main() -> None:
     tracemalloc.stop()
     del decoded
     mib = 1024.0 * 1024.0
-    print(
-        f"synthetic pod: {size / 1024:.1f} KB of JSON, {heap / 1024:.1f} KB of Python heap decoded; "
-        f"pages of {PAGE}; {platform.python_implementation()} {platform.python_version()}, {platform.machine()}"
-    )
-    print(
-        f"{'pods':>6} {'mode':>10} {'peak RSS MiB':>13} {'RSS growth MiB':>15} {'heap peak MiB':>14} "
-        f"{'heap kept MiB':>14} {'list s':>7}"
-    )
+    print(f"synthetic pod: {size / 1024:.1f} KB of JSON, {heap / 1024:.1f} KB of Python heap decoded; "
+          f"pages of {PAGE}; {platform.python_implementation()} {platform.python_version()}, {platform.machine()}")
+    print(f"{'pods':>6} {'mode':>10} {'peak RSS MiB':>13} {'RSS growth MiB':>15} {'heap peak MiB':>14} "
+          f"{'heap kept MiB':>14} {'list s':>7}")
     for pods in args.pods:
         for mode in ("accumulate", "stream"):
             rss, heap_stats = measure(mode, pods, False), measure(mode, pods, True)
             growth = (rss["rss_peak"] - rss["rss_before"]) / mib
-            print(
-                f"{pods:6d} {mode:>10} {rss['rss_peak'] / mib:13.0f} {growth:15.0f} "
-                f"{heap_stats['heap_peak'] / mib:14.1f} {heap_stats['heap_kept'] / mib:14.1f} "
-                f"{heap_stats['seconds']:7.2f}"
-            )
+            print(f"{pods:6d} {mode:>10} {rss['rss_peak'] / mib:13.0f} {growth:15.0f} "
+                  f"{heap_stats['heap_peak'] / mib:14.1f} {heap_stats['heap_kept'] / mib:14.1f} "
+                  f"{heap_stats['seconds']:7.2f}")
 
 
 if __name__ == "__main__":
