@@ -3,6 +3,8 @@
     plane_a: etcd + kube-apiserver
     plane_b: plane_a + kube-controller-manager
     plane_c: plane_b + kube-scheduler + kwok (fake nodes, pods reach Running)
+    plane_d: plane_c + one real kubelet node (containerd, runc, bridge CNI) and the project's images
+             (marker ``realnode``; skipped with the reason where the host cannot run it)
 
 Each tier is started once per test session, on first use, and stopped at the end. Tests isolate
 themselves with their own namespace (``namespace`` fixture) and unique node names. Tests that stop
@@ -19,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from devcluster import build
+from devcluster import build, realnode
 from devcluster.cluster import ControlPlane, Tier
 
 
@@ -51,6 +53,25 @@ def plane_b(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.Tem
 @pytest.fixture(scope="session")
 def plane_c(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     yield from _plane(tmp_path_factory, Tier.C)
+
+
+@pytest.fixture(scope="session")
+def plane_d(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Tier D, once per session: its cost (images from the cache, a containerd, a kubelet) is paid once."""
+    reason = realnode.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    plane = ControlPlane(tmp_path_factory.mktemp("plane-d"), Tier.D)
+    plane.start()
+    node = plane.real_node
+    assert node is not None
+    state = node.state
+    try:
+        yield plane
+    finally:
+        plane.stop()
+    left = realnode.leftovers(state)
+    assert not left, f"tier D left behind: {left}"
 
 
 @pytest.fixture

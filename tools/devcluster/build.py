@@ -49,8 +49,9 @@ TOOLS = (
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kube-scheduler",
             "k8s.io/kubernetes/cmd/kubectl",
+            "k8s.io/kubernetes/cmd/kubelet",  # the real node of tier D
         ),
-        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet"),
     ),
     Tool("etcd", "go.etcd.io/etcd/server/v3", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
     Tool("kwok", "sigs.k8s.io/kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),
