@@ -61,6 +61,7 @@ def plane_d(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.Tem
     reason = realnode.unavailable_reason()
     if reason:
         pytest.skip(reason)
+    build.build_all(realnode=True)  # the kubelet (cached); the images are built on start (cached)
     plane = ControlPlane(tmp_path_factory.mktemp("plane-d"), Tier.D)
     plane.start()
     node = plane.real_node
@@ -105,5 +106,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if report.failed:
         funcargs = getattr(item, "funcargs", {})
         for value in funcargs.values():
+            value = getattr(value, "plane", value)  # fixtures that wrap a plane (a release on tier D)
             if isinstance(value, ControlPlane):
                 report.sections.append((f"control plane logs ({value.tier.name})", value.logs(40)))

@@ -11,8 +11,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -105,6 +108,15 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def peer_identity(environ: Mapping[str, str], hostname: str, pid: int) -> str:
+    """This replica's kopf peering identity: its pod name under the chart, else ``host/pid``.
+
+    kopf's own default asks ``getpass`` for the user name, which raises for a uid without a passwd
+    entry: the operator image runs as 65532, which has none.
+    """
+    return environ.get("POD_NAME") or f"{hostname}/{pid}"
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -124,6 +136,8 @@ def _run(args: argparse.Namespace) -> int:
             raise OperatorError("--register-webhooks needs --webhook-ca or --tls-cert")
         config = webhookconfig.configuration(Path(ca).read_bytes(), url=args.register_webhooks)
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
+    # kopf takes this replica's peering identity from POD_ID when set (see peer_identity).
+    os.environ.setdefault("POD_ID", peer_identity(os.environ, socket.gethostname(), os.getpid()))
     runtime.start()
     try:
         asyncio.run(

@@ -174,14 +174,15 @@ def test_operator_pods_meet_restricted_pod_security_and_the_agent_needs_privileg
     assert not [w for w in warnings if f"{RELEASE}-operator" in w], warnings
     assert any(f"{RELEASE}-agent" in w and "hostPath" in w for w in warnings), release.install_warnings
     # audit=restricted: the operator pods were created without a finding, the agent's pod with one.
-    findings = {
-        e["objectRef"]["name"]: (e.get("annotations") or {}).get(f"{PSA}/audit-violations", "")
-        for e in _audit_events(release, NAMESPACE)
-        if e["verb"] == "create" and e["stage"] == "ResponseComplete" and e["objectRef"].get("name")
-    }
-    assert operator_pods <= set(findings) and agent_pod in findings, (operator_pods, findings)
-    assert all(findings[name] == "" for name in operator_pods), findings
-    assert "hostPath" in findings[agent_pod]
+    # (Controllers create pods by generateName: the audit event names the controller, not the pod.)
+    findings: dict[str, list[str]] = {"replicaset-controller": [], "daemon-set-controller": []}
+    for event in _audit_events(release, NAMESPACE):
+        controller = event.get("userAgent", "").rsplit("/", 1)[-1]
+        if event["verb"] == "create" and event["stage"] == "ResponseComplete" and controller in findings:
+            findings[controller].append((event.get("annotations") or {}).get(f"{PSA}/audit-violations", ""))
+    assert len(findings["replicaset-controller"]) >= len(operator_pods), findings
+    assert set(findings["replicaset-controller"]) == {""}, findings
+    assert findings["daemon-set-controller"] and all("hostPath" in f for f in findings["daemon-set-controller"])
     # Enforcing restricted would reject only the agent (the API server checks, nothing is changed).
     proc = kubectl(
         release.plane.kubeconfig, "label", "--dry-run=server", "--overwrite", "namespace", NAMESPACE,

@@ -1,6 +1,7 @@
 """Command line for the local control plane.
 
 python -m devcluster build            # compile the pinned binaries into the cache (once)
+python -m devcluster build --realnode # and the kubelet and images of tier D (a real node)
 python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
 python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
 python -m devcluster status
@@ -32,7 +33,7 @@ def _fresh_plane(workdir: Path, tier: Tier) -> ControlPlane:
         if not (workdir / MARKER).exists():
             raise ControlPlaneError(f"{workdir} is not empty and was not made by devcluster: choose another --dir")
         shutil.rmtree(workdir)
-    build.build_all()
+    build.build_all(realnode=tier >= Tier.D)
     plane = ControlPlane(workdir, tier)
     plane.start()
     return plane
@@ -90,13 +91,27 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _build_realnode_images() -> int:
+    from devcluster import images, realnode
+
+    reason = realnode.unavailable_reason()
+    if reason:
+        print(f"tier D cannot run here, its tests will skip: {reason}")
+        return 0
+    for name, image in images.build_images().items():
+        took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.0f}s"
+        print(f"{name:13s} {image.ref:48s} {image.size_bytes / 1e6:6.0f} MB  {took}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dir", type=Path, default=default_workdir(), help="work directory (default: %(default)s)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the control-plane binaries")
+    b = sub.add_parser("build", help="build the control-plane binaries")
+    b.add_argument("--realnode", action="store_true", help="also the kubelet and the images of tier D")
     up = sub.add_parser("up", help="start the control plane and return")
     up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
     sub.add_parser("demo", help="start it and run fiar end to end on fake GPU nodes")
@@ -105,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
-            build.build_all()
+            build.build_all(realnode=args.realnode)
+            if args.realnode:
+                return _build_realnode_images()
             return 0
         return {"up": _up, "demo": _demo, "down": _down, "status": _status}[args.cmd](args)
-    except (build.BuildError, ControlPlaneError, RuntimeError) as exc:
+    except (build.BuildError, ControlPlaneError, RuntimeError) as exc:  # ImageBuildError is one
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

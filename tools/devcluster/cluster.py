@@ -280,6 +280,9 @@ class ControlPlane:
         parts = []
         for name, comp in self.components.items():
             parts.append(f"----- {name} ({comp.log}) -----\n{_tail(comp.log, lines)}")
+        if self.real_node is not None:  # the containers' own logs, while their pods exist
+            for log in sorted(self.real_node.dir.glob("pod-logs/*/*/*.log")):
+                parts.append(f"----- container {log.parent.parent.name}/{log.parent.name} -----\n{_tail(log, lines)}")
         return "\n".join(parts)
 
     # -- clients -------------------------------------------------------------------------------

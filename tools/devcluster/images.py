@@ -286,6 +286,8 @@ def build_images(log: Log | None = None) -> dict[str, Image]:
     images = planned()
     with _locked(cache_dir()):
         builder = Builder(log)
+        if any(not image.archive.is_file() for image in images.values()):
+            builder.buildah("rm", "--all")  # working containers an interrupted build left behind
         steps: dict[str, Callable[[Image], None]] = {
             "operator": lambda img: builder.dockerfile_target("operator", img),
             "agent-sim": lambda img: builder.dockerfile_target("agent-sim", img),
