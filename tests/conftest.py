@@ -14,6 +14,7 @@ component's log is attached to the report.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,16 +62,21 @@ def plane_d(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.Tem
     reason = realnode.unavailable_reason()
     if reason:
         pytest.skip(reason)
+    start = time.monotonic()
     build.build_all(realnode=True)  # the kubelet (cached); the images are built on start (cached)
     plane = ControlPlane(tmp_path_factory.mktemp("plane-d"), Tier.D)
     plane.start()
     node = plane.real_node
     assert node is not None
     state = node.state
+    steps = ", ".join(f"{k} {v:.1f}s" for k, v in node.timings.items())
+    print(f"\ntier D up in {time.monotonic() - start:.1f}s ({steps})")
     try:
         yield plane
     finally:
+        stop = time.monotonic()
         plane.stop()
+        print(f"\ntier D stopped and cleaned up in {time.monotonic() - stop:.1f}s")
     left = realnode.leftovers(state)
     assert not left, f"tier D left behind: {left}"
 

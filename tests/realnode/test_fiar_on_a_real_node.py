@@ -256,6 +256,7 @@ def test_helm_upgrade_rolls_the_operator_without_a_failed_or_unmutated_pod(relea
     thread.start()
     try:
         wait_for(lambda: creator.created >= 5, 30, "pods created before the upgrade")
+        before = creator.created
         # A replica more, and a changed argument: every operator pod is replaced. The agent goes
         # (the tests after this one set the node's verdicts themselves).
         values = {"operator.replicas": 3, "operator.verbose": True, "agent.enabled": False}
@@ -266,6 +267,7 @@ def test_helm_upgrade_rolls_the_operator_without_a_failed_or_unmutated_pod(relea
     finally:
         creator.stop.set()
         thread.join(10)
+    print(f"\npods created during the upgrade: {during - before}, in all: {creator.created}")
     assert creator.failed == [] and creator.unmutated == [], (creator.failed, creator.unmutated)
     pods = _pods(release, "operator")
     assert len(pods) == 3 and all("--verbose" in " ".join(p.spec.containers[0].args) for p in pods)

@@ -50,6 +50,7 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 """The ``kubernetes`` Service's ClusterIP (the first address of ``--service-cluster-ip-range``)."""
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
+CNI_CACHE = Path("/var/lib/cni/results")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip", "umount")
 STATE_FILE = "realnode.json"
@@ -134,6 +135,7 @@ class NodeState:
     netns_before: list[str] = field(default_factory=list)
     run_containerd_existed: bool = True
     run_netns_existed: bool = True
+    var_lib_cni_existed: bool = True
     iptables_rule: list[str] = field(default_factory=list)
 
     def save(self) -> None:
@@ -204,6 +206,7 @@ class RealNode:
         st.netns_before = sorted(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else []
         st.run_containerd_existed = Path("/run/containerd").exists()
         st.run_netns_existed = Path("/run/netns").exists()
+        st.var_lib_cni_existed = CNI_CACHE.parent.exists()
         st.save()
         self._network()
         self._cgroups()
@@ -448,6 +451,7 @@ def teardown(node_dir: Path) -> list[str]:
     if st is None:
         return []
     shim_sockets = _shim_sockets(st)
+    cni_cache = _cni_cache_files(st)
     _kill_leftovers(st)
     _unmount_under(st)
     for sock in shim_sockets:
@@ -468,14 +472,14 @@ def teardown(node_dir: Path) -> list[str]:
         _quiet("iptables", "-w", "-t", "nat", "-D", *st.iptables_rule)
     _quiet("iptables", "-w", "-t", "nat", "-F", st.chain)
     _quiet("iptables", "-w", "-t", "nat", "-X", st.chain)
-    results = Path("/var/lib/cni/results")
-    if results.is_dir():
-        for f in results.glob(f"{st.bridge}-*"):
-            f.unlink(missing_ok=True)
+    for f in cni_cache:
+        f.unlink(missing_ok=True)
     for path, existed in (
         (Path("/run/containerd/s"), st.run_containerd_existed),
         (Path("/run/containerd"), st.run_containerd_existed),
         (Path("/run/netns"), st.run_netns_existed),
+        (CNI_CACHE, st.var_lib_cni_existed),
+        (CNI_CACHE.parent, st.var_lib_cni_existed),
     ):
         if not existed:
             with contextlib.suppress(OSError):
@@ -484,6 +488,18 @@ def teardown(node_dir: Path) -> list[str]:
     if not left:
         (node_dir / STATE_FILE).unlink(missing_ok=True)
     return left
+
+
+def _cni_cache_files(st: NodeState) -> list[Path]:
+    """libcni's result cache of our network and of each of our sandboxes' loopback."""
+    if not CNI_CACHE.is_dir():
+        return []
+    out = list(CNI_CACHE.glob(f"{st.bridge}-*"))
+    for top in ("root", "state"):
+        sandboxes = st.containerd_dir / top / "io.containerd.grpc.v1.cri" / "sandboxes"
+        if sandboxes.is_dir():
+            out += [CNI_CACHE / f"cni-loopback-{s.name}-lo" for s in sandboxes.iterdir()]
+    return out
 
 
 def _shim_sockets(st: NodeState) -> list[Path]:
@@ -564,6 +580,7 @@ def leftovers(st: NodeState) -> list[str]:
         left.append(f"iptables chain nat/{st.chain}")
     if Path("/run/netns").is_dir():
         left += [f"netns {e}" for e in os.listdir("/run/netns") if e.startswith("cni-") and e not in st.netns_before]
+    left += [f"CNI cache {f}" for f in CNI_CACHE.glob(f"{st.bridge}-*")] if CNI_CACHE.is_dir() else []
     return left
 
 
