@@ -59,8 +59,16 @@ def test_chart_lints_strictly(controlplane_binaries: Any, values: dict[str, Any]
         ({"operator.image.pullPolicy": "Sometimes"}, "pullPolicy"),
         ({"defaultPolicy.spec.fallbackBackend": "NCCL"}, "fallbackBackend"),
         ({"operator.readTimeoutSeconds": 0}, "readTimeoutSeconds"),
+        ({"agent.simulate": "h200x2-host --force"}, "simulate"),
     ],
-    ids=["unknown-key", "webhook-timeout-too-long", "bad-pull-policy", "bad-fallback", "zero-read-timeout"],
+    ids=[
+        "unknown-key",
+        "webhook-timeout-too-long",
+        "bad-pull-policy",
+        "bad-fallback",
+        "zero-read-timeout",
+        "simulate-with-flags",
+    ],
 )
 def test_values_schema_rejects_bad_values_with_a_readable_message(
     controlplane_binaries: Any, values: dict[str, Any], message: str
@@ -167,6 +175,14 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert kinds["FiAllreducePolicy"][0]["metadata"]["name"] == "default"
     assert "fiar.json" in next(c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard"))["data"]
     assert all("annotations" not in c["metadata"] for c in kinds["CustomResourceDefinition"])
+
+
+def test_a_simulated_agent_probes_the_named_fixture(controlplane_binaries: Any) -> None:
+    kinds = by_kind(render(CHART, {"agent.simulate": "h200x2-host"}))
+    config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "fiar-agent")["data"]
+    assert config["FIAR_FLAGS"].split() == ["--simulate=h200x2-host"]
+    default = by_kind(render(CHART))["ConfigMap"]
+    assert "--simulate" not in next(c for c in default if c["metadata"]["name"] == "fiar-agent")["data"]["FIAR_FLAGS"]
 
 
 def test_a_single_replica_gets_no_disruption_budget_that_would_block_drains(controlplane_binaries: Any) -> None:
