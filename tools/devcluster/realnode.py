@@ -518,6 +518,11 @@ def _our_processes(st: NodeState) -> list[int]:
     """Shims of our containerd and every process in our cgroups."""
     pids: set[int] = set()
     sock = str(st.socket).encode()
+    # containerd and the kubelet by their own config files, the shims by our socket.
+    owned = (
+        b"--config=" + str(Path(st.workdir) / "kubelet-config.yaml").encode(),
+        str(st.containerd_dir / "config.toml").encode(),
+    )
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -525,7 +530,7 @@ def _our_processes(st: NodeState) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if sock in cmdline or str(st.containerd_dir / "config.toml").encode() in cmdline:
+        if sock in cmdline or any(own in cmdline for own in owned):
             pids.add(int(proc.name))
     for mount in _cgroup_mounts():
         root = mount / st.cgroup_root.lstrip("/")
