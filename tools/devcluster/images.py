@@ -193,7 +193,7 @@ class Builder:
         if not tar.is_file():
             start = time.monotonic()
             self.log(f"base image: mmdebstrap {DEBIAN_SUITE} with {', '.join(BASE_PACKAGES)} (about a minute)...")
-            partial = tar.with_name(tar.name + ".partial")
+            partial = tar.with_name(f"base-{key}.partial.tar")  # mmdebstrap picks the format by the suffix
             _run(
                 [
                     "mmdebstrap",
