@@ -91,19 +91,6 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _build_realnode_images() -> int:
-    from devcluster import images, realnode
-
-    reason = realnode.unavailable_reason()
-    if reason:
-        print(f"tier D cannot run here, its tests will skip: {reason}")
-        return 0
-    for name, image in images.build_images().items():
-        took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.0f}s"
-        print(f"{name:13s} {image.ref:48s} {image.size_bytes / 1e6:6.0f} MB  {took}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devcluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -122,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             build.build_all(realnode=args.realnode)
             if args.realnode:
-                return _build_realnode_images()
+                from devcluster import realnode
+
+                return realnode.build_cli()
             return 0
         return {"up": _up, "demo": _demo, "down": _down, "status": _status}[args.cmd](args)
-    except (build.BuildError, ControlPlaneError, RuntimeError) as exc:  # ImageBuildError is one
+    except (build.BuildError, ControlPlaneError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

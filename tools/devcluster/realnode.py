@@ -75,6 +75,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def build_cli() -> int:
+    """``devcluster build --realnode``: the images of tier D, or why tier D cannot run here."""
+    reason = unavailable_reason()
+    if reason:
+        print(f"tier D cannot run here, its tests will skip: {reason}")
+        return 0
+    for name, image in images.build_images().items():
+        took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.0f}s"
+        print(f"{name:13s} {image.ref:48s} {image.size_bytes / 1e6:6.0f} MB  {took}")
+    return 0
+
+
 def host_ip() -> str | None:
     """The address of the interface the default route leaves by (else the first global address)."""
     proc = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
