@@ -316,19 +316,23 @@ def _printed(rel: Release, name: str, namespace: str | None = None, restarts: in
     with rel.api() as api:
         core = client.CoreV1Api(api)
 
-        def started() -> bool:
+        def started() -> str | None:
             pod = core.read_namespaced_pod(name, ns)
             statuses = pod.status.container_statuses or []
-            return bool(statuses) and statuses[0].restart_count >= restarts and statuses[0].state.running is not None
+            if statuses and statuses[0].restart_count >= restarts and statuses[0].state.running is not None:
+                return str(statuses[0].container_id).split("://", 1)[1]
+            return None
 
-        wait_for(started, 120, f"{name} running (restart {restarts})")
+        container_id = wait_for(started, 120, f"{name} running (restart {restarts})")
 
         def line() -> dict[str, Any] | None:
+            # Only the line of that very container: its cgroup path carries its ID.
             log = core.read_namespaced_pod_log(name, ns, container="vllm")
             for text in log.splitlines():
                 if text.startswith("FIAR-STANDIN "):
                     doc: dict[str, Any] = json.loads(text.split(" ", 1)[1])
-                    return doc
+                    if container_id in doc["cgroup"]:
+                        return doc
             return None
 
         return wait_for(line, 30, f"{name} printed its environment")
@@ -348,8 +352,22 @@ def _annotation(rel: Release, name: str) -> str | None:
     return value
 
 
-def _restart_container(rel: Release, name: str) -> None:
-    """Kill the container's process through containerd; the kubelet starts it again."""
+def _kubelet_annotation(rel: Release, name: str) -> str | None:
+    """The pod's backend annotation in the kubelet's own copy of the pod (its /pods, via the API server)."""
+    with rel.api() as api:
+        resp = client.CoreV1Api(api).connect_get_node_proxy_with_path(rel.node.name, "pods", _preload_content=False)
+        pods = json.loads(resp.data)["items"]
+    for pod in pods:
+        if pod["metadata"]["name"] == name and pod["metadata"]["namespace"] == rel.workloads:
+            value: str | None = pod["metadata"].get("annotations", {}).get(contract.ANNOTATION_POD_BACKEND)
+            return value
+    return None
+
+
+def _restart_container(rel: Release, name: str, expected: str) -> None:
+    """Once the kubelet has the new annotation, kill the container's process through containerd: the
+    kubelet starts it again and resolves the env fieldRef from its copy of the pod."""
+    wait_for(lambda: _kubelet_annotation(rel, name) == expected, 30, f"the kubelet sees {name} annotated {expected}")
     with rel.api() as api:
         pod = client.CoreV1Api(api).read_namespaced_pod(name, rel.workloads)
     container_id = pod.status.container_statuses[0].container_id.split("://", 1)[1]
@@ -370,7 +388,7 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     # mnnvl without a trtllm pass: trtllm is no longer verified, the pod drifts to mnnvl.
     _set_verdict(release, "mnnvl", None)
     wait_for(lambda: _annotation(release, "on-trtllm") == "mnnvl", 60, "on-trtllm re-annotated after drift")
-    _restart_container(release, "on-trtllm")
+    _restart_container(release, "on-trtllm", "mnnvl")
     assert _printed(release, "on-trtllm", restarts=1)["env"][ENV] == "mnnvl"
     _standin_on_real_node(release, "on-mnnvl")
     assert _printed(release, "on-mnnvl")["env"][ENV] == "mnnvl"
