@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -192,10 +192,6 @@ class RealNode:
     @property
     def name(self) -> str:
         return self.state.node_name
-
-    @property
-    def image_refs(self) -> dict[str, str]:
-        return {name: image.ref for name, image in self.images.items()}
 
     def ctr(self, *args: str, timeout: float = 300) -> str:
         argv = ["ctr", "--address", str(self.state.socket), "--namespace", "k8s.io", *args]
@@ -609,7 +605,3 @@ def _sh(*argv: str) -> None:
 
 def _quiet(*argv: str) -> None:
     subprocess.run(list(argv), capture_output=True)
-
-
-def describe(node: RealNode) -> dict[str, Any]:
-    return {"node": node.name, "ip": node.ip, "subnet": node.state.subnet, "images": node.image_refs}
