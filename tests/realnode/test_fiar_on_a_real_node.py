@@ -384,6 +384,13 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     first = _printed(release, "on-trtllm")
     assert first["env"][ENV] == "trtllm"
     assert first["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2"]
+    # Decided by both webhooks, which the API server reached through the chart's Service: the pod
+    # webhook at create (the policy label), the binding webhook when the scheduler bound it.
+    with release.api() as api:
+        pod = client.CoreV1Api(api).read_namespaced_pod("on-trtllm", release.workloads)
+    assert pod.metadata.labels[contract.LABEL_POD_POLICY] == "standin"
+    decision = json.loads(pod.metadata.annotations[contract.ANNOTATION_POD_DECISION])
+    assert (decision["backend"], decision["trigger"]) == ("trtllm", "binding"), decision
 
     # mnnvl without a trtllm pass: trtllm is no longer verified, the pod drifts to mnnvl.
     _set_verdict(release, "mnnvl", None)
