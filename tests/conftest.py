@@ -14,6 +14,7 @@ component's log is attached to the report.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,6 +61,8 @@ def plane_c(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.Tem
 def plane_d(controlplane_binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """Tier D, once per session: its cost (images from the cache, a containerd, a kubelet) is paid once."""
     reason = realnode.unavailable_reason()
+    if reason and os.environ.get("FIAR_REQUIRE_REALNODE"):
+        pytest.fail(f"FIAR_REQUIRE_REALNODE is set but {reason}")
     if reason:
         pytest.skip(reason)
     start = time.monotonic()
