@@ -364,6 +364,22 @@ def _kubelet_annotation(rel: Release, name: str) -> str | None:
     return None
 
 
+def _diagnose(rel: Release, name: str) -> str:
+    with rel.api() as api:
+        core = client.CoreV1Api(api)
+        pod = core.read_namespaced_pod(name, rel.workloads)
+        events = core.list_namespaced_event(rel.workloads, field_selector=f"involvedObject.name={name}").items
+    return "\n".join(
+        [
+            f"annotations: {pod.metadata.annotations}",
+            f"kubelet's annotation: {_kubelet_annotation(rel, name)}",
+            f"env: {pod.spec.containers[0].env}",
+            f"statuses: {pod.status.container_statuses}",
+            *(f"event {e.last_timestamp} {e.reason}: {e.message}" for e in events),
+        ]
+    )
+
+
 def _restart_container(rel: Release, name: str, expected: str) -> None:
     """Once the kubelet has the new annotation, kill the container's process through containerd: the
     kubelet starts it again and resolves the env fieldRef from its copy of the pod."""
@@ -396,7 +412,8 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     _set_verdict(release, "mnnvl", None)
     wait_for(lambda: _annotation(release, "on-trtllm") == "mnnvl", 60, "on-trtllm re-annotated after drift")
     _restart_container(release, "on-trtllm", "mnnvl")
-    assert _printed(release, "on-trtllm", restarts=1)["env"][ENV] == "mnnvl"
+    restarted = _printed(release, "on-trtllm", restarts=1)["env"][ENV]
+    assert restarted == "mnnvl", _diagnose(release, "on-trtllm")
     _standin_on_real_node(release, "on-mnnvl")
     assert _printed(release, "on-mnnvl")["env"][ENV] == "mnnvl"
 

@@ -13,7 +13,9 @@ shell) removes exactly that and nothing else:
   ``route_localnet`` on the bridge only;
 - a cgroup ``/fiar-<id>`` in every hierarchy (the kubelet's ``cgroupRoot``);
 - network namespaces ``/run/netns/cni-*`` that appeared while the node ran, and every mount under
-  the work directory (the kubelet bind-mounts its root dir; volumes are tmpfs).
+  the work directory (the kubelet bind-mounts its root dir; volumes are tmpfs);
+- the kubelet's device-plugin socket, at a fixed path whatever its root dir
+  (``/var/lib/kubelet/device-plugins``), with its folders when they were not there before.
 
 Facts of the machines this runs on: the node IP must not be a loopback address (the host's
 interface address is used); without CAP_SYS_RESOURCE runc cannot lower oom_score_adj, so the CRI
@@ -51,6 +53,8 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_CACHE = Path("/var/lib/cni/results")
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+"""Where every kubelet serves its device-plugin socket, whatever its --root-dir."""
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip", "umount")
 STATE_FILE = "realnode.json"
@@ -148,6 +152,7 @@ class NodeState:
     run_containerd_existed: bool = True
     run_netns_existed: bool = True
     var_lib_cni_existed: bool = True
+    var_lib_kubelet_existed: bool = True
     iptables_rule: list[str] = field(default_factory=list)
 
     def save(self) -> None:
@@ -215,6 +220,7 @@ class RealNode:
         st.run_containerd_existed = Path("/run/containerd").exists()
         st.run_netns_existed = Path("/run/netns").exists()
         st.var_lib_cni_existed = CNI_CACHE.parent.exists()
+        st.var_lib_kubelet_existed = KUBELET_DEVICE_PLUGINS.parent.exists()
         st.save()
         self._network()
         self._cgroups()
@@ -482,12 +488,16 @@ def teardown(node_dir: Path) -> list[str]:
     _quiet("iptables", "-w", "-t", "nat", "-X", st.chain)
     for f in cni_cache:
         f.unlink(missing_ok=True)
+    if not st.var_lib_kubelet_existed:
+        (KUBELET_DEVICE_PLUGINS / "kubelet.sock").unlink(missing_ok=True)
     for path, existed in (
         (Path("/run/containerd/s"), st.run_containerd_existed),
         (Path("/run/containerd"), st.run_containerd_existed),
         (Path("/run/netns"), st.run_netns_existed),
         (CNI_CACHE, st.var_lib_cni_existed),
         (CNI_CACHE.parent, st.var_lib_cni_existed),
+        (KUBELET_DEVICE_PLUGINS, st.var_lib_kubelet_existed),
+        (KUBELET_DEVICE_PLUGINS.parent, st.var_lib_kubelet_existed),
     ):
         if not existed:
             with contextlib.suppress(OSError):
@@ -594,6 +604,8 @@ def leftovers(st: NodeState) -> list[str]:
     if Path("/run/netns").is_dir():
         left += [f"netns {e}" for e in os.listdir("/run/netns") if e.startswith("cni-") and e not in st.netns_before]
     left += [f"CNI cache {f}" for f in CNI_CACHE.glob(f"{st.bridge}-*")] if CNI_CACHE.is_dir() else []
+    if not st.var_lib_kubelet_existed and KUBELET_DEVICE_PLUGINS.parent.exists():
+        left.append(str(KUBELET_DEVICE_PLUGINS.parent))
     return left
 
 
