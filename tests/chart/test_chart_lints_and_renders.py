@@ -177,7 +177,7 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     assert all("annotations" not in c["metadata"] for c in kinds["CustomResourceDefinition"])
 
 
-def test_a_replaced_operator_keeps_serving_until_the_api_server_dropped_its_endpoint(controlplane_binaries: Any) -> None:
+def test_a_replaced_operator_serves_until_the_api_server_dropped_its_endpoint(controlplane_binaries: Any) -> None:
     (deployment,) = by_kind(render(CHART))["Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["lifecycle"]["preStop"]["sleep"]["seconds"] >= 5
