@@ -44,9 +44,11 @@ CMD ["run"]
 FROM ${PYTHON_BASE} AS agent-sim
 LABEL org.opencontainers.image.title="fiar-agent-sim" \
       org.opencontainers.image.description="fiar node agent on simulated hosts only (no CUDA)"
+# /opt/fiar-kernels, the seed of the agent's kernel cache, is empty: a simulated host compiles none.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /opt/fiar-kernels
 COPY --from=operator-build /opt/fiar /opt/fiar
 ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 EXPOSE 9400
