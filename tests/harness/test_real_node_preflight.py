@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,18 @@ def test_image_keys_follow_the_content_they_are_built_from() -> None:
     for image in planned.values():
         assert not image.archive.resolve().is_relative_to(images.ROOT), "image cache inside the repository"
         assert image.archive.name.endswith(f"-{image.key}.tar")
+
+
+def test_the_image_cache_keeps_the_newest_archives_of_each_image(tmp_path: Path) -> None:
+    for age, key in enumerate(["k1", "k2", "k3", "k4"]):
+        archive = tmp_path / f"operator-{key}.tar"
+        archive.write_text(key)
+        os.utime(archive, (1000 + age, 1000 + age))
+    (tmp_path / "agent-sim-k0.tar").write_text("other image")
+    images._prune("operator", tmp_path / "operator-k2.tar")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "agent-sim-k0.tar",
+        "operator-k2.tar",
+        "operator-k3.tar",
+        "operator-k4.tar",
+    ]

@@ -303,7 +303,18 @@ def build_images(log: Log | None = None) -> dict[str, Image]:
             seconds = time.monotonic() - start
             images[name] = Image(image.name, image.key, image.archive, seconds)
             log(f"image {name}: built in {seconds:.0f}s, {_mb(image.archive)} MB")
+            _prune(name, image.archive)
     return images
+
+
+KEEP_ARCHIVES = 3
+"""Archives kept per image (the newest): other branches' images stay, the cache stays bounded."""
+
+
+def _prune(name: str, current: Path) -> None:
+    archives = sorted(current.parent.glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [a for a in archives if a != current][KEEP_ARCHIVES - 1 :]:
+        old.unlink(missing_ok=True)
 
 
 def _mb(path: Path) -> int:
