@@ -1,24 +1,32 @@
 # syntax=docker/dockerfile:1.7
 # Images for fiar: one target per component.
-#   docker build --target operator -t fiar-operator .
-#   docker build --target agent    -t fiar-agent .
+#   docker build --target operator  -t fiar-operator .
+#   docker build --target agent     -t fiar-agent .
+#   docker build --target agent-sim -t fiar-agent-sim .   (no CUDA: simulated hosts, for tests and demos)
+# Behind a TLS-intercepting proxy, hand pip the host's CA bundle as a build secret (never stored in
+# a layer): --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt
 ARG PYTHON_VERSION=3.12
+# Base of the operator and agent-sim images: any Debian-like image with python3 and venv on PATH.
+# The default is the public image; tools/devcluster/images.py points it at a locally made one.
+ARG PYTHON_BASE=python:${PYTHON_VERSION}-slim
 ARG CUDA_VERSION=13.0.2
 ARG UBUNTU=ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
 # operator: slim, non-root, nothing but the virtualenv
 # ---------------------------------------------------------------------------------------------
-FROM python:${PYTHON_VERSION}-slim AS operator-build
+FROM ${PYTHON_BASE} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md fiar_contract.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
-RUN python -m venv /opt/fiar \
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && python3 -m venv /opt/fiar \
  && /opt/fiar/bin/pip install --no-compile .
 
-FROM python:${PYTHON_VERSION}-slim AS operator
+FROM ${PYTHON_BASE} AS operator
 LABEL org.opencontainers.image.title="fiar-operator" \
       org.opencontainers.image.description="FiAllreducePolicy operator and admission webhooks"
 COPY --from=operator-build /opt/fiar /opt/fiar
@@ -26,6 +34,25 @@ ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532
 EXPOSE 9443 8080
 ENTRYPOINT ["fiar-operator"]
+CMD ["run"]
+
+# ---------------------------------------------------------------------------------------------
+# agent-sim: the node agent without CUDA, torch or FlashInfer. It can only probe a simulated host
+# (`fiar-agent run --simulate FIXTURE`, chart value agent.simulate): for test clusters and demos.
+# Same entry point as the agent image (tini as PID 1), so the chart runs it unchanged.
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_BASE} AS agent-sim
+LABEL org.opencontainers.image.title="fiar-agent-sim" \
+      org.opencontainers.image.description="fiar node agent on simulated hosts only (no CUDA)"
+# /opt/fiar-kernels, the seed of the agent's kernel cache, is empty: a simulated host compiles none.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /opt/fiar-kernels
+COPY --from=operator-build /opt/fiar /opt/fiar
+ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+EXPOSE 9400
+ENTRYPOINT ["tini", "--", "fiar-agent"]
 CMD ["run"]
 
 # ---------------------------------------------------------------------------------------------

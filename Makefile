@@ -5,7 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)/tools
 
-.PHONY: venv controlplane demo up down test lint typecheck check clean
+.PHONY: venv controlplane realnode-deps realnode demo up down test lint typecheck check clean
+
+# Debian packages of tier D (a real kubelet node, and images built without Docker).
+REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +20,18 @@ venv: $(VENV)/.installed
 
 controlplane: venv  ## build etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm (cached)
 	$(PY) -m devcluster build
+
+realnode-deps:  ## install tier D's Debian packages when root with apt-get (else its tests skip, saying why)
+	@missing=$$(for p in $(REALNODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
+	    || echo "realnode-deps: apt-get failed; tier-D tests will skip (or fail where FIAR_REQUIRE_REALNODE is set)"; \
+	else echo "realnode-deps: not root or no apt-get; tier-D tests will skip (missing: $$missing)"; fi
+
+realnode: controlplane realnode-deps  ## tier D: the kubelet and the images (operator, agent-sim, vLLM stand-in, pause), cached
+	$(PY) -m devcluster build --realnode
 
 demo: controlplane  ## the local demo: control plane, agents on fake GPU nodes, operator, vLLM pods
 	$(PY) -m devcluster demo
@@ -34,7 +49,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: controlplane  ## the whole suite: lint, types, unit tests and tests against the real control plane
+test: controlplane realnode  ## the whole suite: lint, types, unit tests and tests against the real control plane
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest

@@ -13,9 +13,9 @@ import contextlib
 import logging
 import os
 import random
-import secrets
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -127,6 +127,15 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def peer_identity(environ: Mapping[str, str], hostname: str, pid: int) -> str:
+    """This replica's kopf peering identity: its pod name under the chart, else ``host/pid``.
+
+    kopf's own default asks ``getpass`` for the user name, which raises for a uid without a passwd
+    entry: the operator image runs as 65532, which has none.
+    """
+    return environ.get("POD_NAME") or f"{hostname}/{pid}"
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -137,11 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     settings.check()
     kopf.configure(verbose=args.verbose)
     # kopf's peering identity, which the reconciler needs to know its own entry (the Pod name in a cluster).
-    identity = (
-        os.environ.get("POD_ID")
-        or os.environ.get("POD_NAME")
-        or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    )
+    identity = os.environ.get("POD_ID") or peer_identity(os.environ, socket.gethostname(), os.getpid())
     runtime = Runtime(settings, identity=identity)
     registered: str | None = None
     if args.install_crd:

@@ -62,8 +62,16 @@ def test_chart_lints_strictly(controlplane_binaries: Any, values: dict[str, Any]
         ({"operator.image.pullPolicy": "Sometimes"}, "pullPolicy"),
         ({"defaultPolicy.spec.fallbackBackend": "NCCL"}, "fallbackBackend"),
         ({"operator.readTimeoutSeconds": 0}, "readTimeoutSeconds"),
+        ({"agent.simulate": "h200x2-host --force"}, "simulate"),
     ],
-    ids=["unknown-key", "webhook-timeout-too-long", "bad-pull-policy", "bad-fallback", "zero-read-timeout"],
+    ids=[
+        "unknown-key",
+        "webhook-timeout-too-long",
+        "bad-pull-policy",
+        "bad-fallback",
+        "zero-read-timeout",
+        "simulate-with-flags",
+    ],
 )
 def test_values_schema_rejects_bad_values_with_a_readable_message(
     controlplane_binaries: Any, values: dict[str, Any], message: str
@@ -217,6 +225,20 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     operator_role = next(r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "gpu-fiar-operator")
     crd_rules = [r for r in operator_role["rules"] if "customresourcedefinitions" in r["resources"]]
     assert all("patch" not in r["verbs"] for r in crd_rules)
+
+
+def test_a_replaced_operator_serves_until_the_api_server_dropped_its_endpoint(controlplane_binaries: Any) -> None:
+    (deployment,) = by_kind(render(CHART))["Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] >= 5
+
+
+def test_a_simulated_agent_probes_the_named_fixture(controlplane_binaries: Any) -> None:
+    kinds = by_kind(render(CHART, {"agent.simulate": "h200x2-host"}))
+    config = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == "fiar-agent")["data"]
+    assert config["FIAR_FLAGS"].split() == ["--simulate=h200x2-host"]
+    default = by_kind(render(CHART))["ConfigMap"]
+    assert "--simulate" not in next(c for c in default if c["metadata"]["name"] == "fiar-agent")["data"]["FIAR_FLAGS"]
 
 
 def test_a_single_replica_gets_no_disruption_budget_that_would_block_drains(controlplane_binaries: Any) -> None:

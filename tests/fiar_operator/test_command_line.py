@@ -103,3 +103,13 @@ def test_busy_webhook_port_is_reported(tmp_path: Path) -> None:
             "-1",
         )
     assert out.returncode == 2 and "did not start" in out.stderr
+
+
+def test_the_peering_identity_is_the_pod_name_else_host_and_pid() -> None:
+    """kopf's default identity asks getpass for a user name, which raises for the image's uid 65532
+    (no passwd entry): every operator pod crashed at start on the real node of tier D."""
+    from fiar_operator.cli import peer_identity
+
+    assert peer_identity({"POD_NAME": "fiar-operator-5d9-abcde"}, "node-1", 7) == "fiar-operator-5d9-abcde"
+    assert peer_identity({}, "node-1", 7) == "node-1/7"
+

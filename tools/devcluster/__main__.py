@@ -1,6 +1,7 @@
 """Command line for the local control plane.
 
 python -m devcluster build            # compile the pinned binaries into the cache (once)
+python -m devcluster build --realnode # and the kubelet and images of tier D (a real node)
 python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
 python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
 python -m devcluster status
@@ -34,7 +35,7 @@ def _fresh_plane(workdir: Path, tier: Tier) -> ControlPlane:
         if not (workdir / MARKER).exists():
             raise ControlPlaneError(f"{workdir} is not empty and was not made by devcluster: choose another --dir")
         shutil.rmtree(workdir)
-    build.build_all()
+    build.build_all(realnode=tier >= Tier.D)
     plane = ControlPlane(workdir, tier)
     plane.start()
     return plane
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, default=default_workdir(), help="work directory (default: %(default)s)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the control-plane binaries")
+    b = sub.add_parser("build", help="build the control-plane binaries")
+    b.add_argument("--realnode", action="store_true", help="also the kubelet and the images of tier D")
     up = sub.add_parser("up", help="start the control plane and return")
     up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
     sub.add_parser("demo", help="start it and run fiar end to end on fake GPU nodes")
@@ -133,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "build":
-            build.build_all()
+            build.build_all(realnode=args.realnode)
+            if args.realnode:
+                from devcluster import realnode
+
+                return realnode.build_cli()
             return 0
         commands = {"up": _up, "demo": _demo, "down": _down, "status": _status}
         return commands.get(args.cmd, _component)(args)

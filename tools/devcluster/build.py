@@ -31,6 +31,7 @@ class Tool:
     module: str  # module whose version keys the cache
     packages: tuple[str, ...]  # main packages to build
     binaries: tuple[str, ...]  # resulting binary names
+    realnode: bool = False  # needed only by tier D
 
     def version(self) -> str:
         gomod = (MODULES_DIR / self.name / "go.mod").read_text()
@@ -52,6 +53,8 @@ TOOLS = (
         ),
         ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
     ),
+    # The real node of tier D, from the same wrapper module: built only for tier D (not for the demo).
+    Tool("k8s", "k8s.io/kubernetes", ("k8s.io/kubernetes/cmd/kubelet",), ("kubelet",), realnode=True),
     Tool("etcd", "go.etcd.io/etcd/server/v3", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
     Tool("kwok", "sigs.k8s.io/kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),
     Tool("helm", "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
@@ -181,25 +184,29 @@ def build_tool(tool: Tool, log: TextLog) -> None:
     log(f"{tool.name} {tool.version()}: built in {time.monotonic() - start:.0f}s")
 
 
-def build_all(only: list[str] | None = None) -> dict[str, Path]:
+def build_all(only: list[str] | None = None, realnode: bool = False) -> dict[str, Path]:
+    """Build what the cache lacks: tiers A-C, and with ``realnode`` the kubelet of tier D too."""
     log = TextLog()
     start = time.monotonic()
+    built: dict[str, Path] = {}
     for tool in TOOLS:
-        if only and tool.name not in only:
+        if (only and tool.name not in only) or (tool.realnode and not realnode):
             continue
         build_tool(tool, log)
-        if tool.name == "kwok":
+        if tool.name == "kwok" and not tool.realnode:
             _write_kwok_stages(log)
+        built.update({b: tool_dir(tool) / b for b in tool.binaries})
     log(f"all binaries ready in {cache_root()} ({time.monotonic() - start:.0f}s)")
-    return {b: binary_path(b) for t in TOOLS for b in t.binaries}
+    return built
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("tools", nargs="*", help="subset of: " + ", ".join(t.name for t in TOOLS))
+    parser.add_argument("--realnode", action="store_true", help="also the kubelet of tier D")
     args = parser.parse_args(argv)
     try:
-        build_all(args.tools or None)
+        build_all(args.tools or None, realnode=args.realnode)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

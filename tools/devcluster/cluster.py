@@ -4,6 +4,9 @@ Tiers:
     A: etcd + kube-apiserver (secure serving, client-cert auth, RBAC, service-account tokens)
     B: A + kube-controller-manager (garbage collection, namespaces, Deployments, service accounts)
     C: B + kube-scheduler + kwok (fake nodes; scheduled pods reach Running)
+    D: C + one real kubelet node (containerd, runc, bridge CNI; ``devcluster.realnode``), with the
+       API server set up for pods that run: service-account tokens mounted, webhook Services reached
+       on their endpoints' pod IPs, kubelet logs and exec through client certificates
 
 Every process runs in its own process group with its log in ``<workdir>/logs``; readiness is
 polled on each component's health endpoint, never guessed with sleeps. ``state.json`` in the
@@ -34,7 +37,7 @@ import yaml
 from devcluster import build
 
 if TYPE_CHECKING:  # cryptography loads only when a plane starts (GPU hosts run tests without it)
-    from devcluster import pki
+    from devcluster import pki, realnode
 
 
 MARKER = ".fiar-devcluster"
@@ -45,6 +48,7 @@ class Tier(enum.IntEnum):
     A = 1
     B = 2
     C = 3
+    D = 4
 
 
 class ControlPlaneError(RuntimeError):
@@ -175,9 +179,11 @@ class ControlPlane:
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.ca_file = self.pki_dir / "ca.crt"
+        self.audit_log = self.log_dir / "audit.log"
         self.components: dict[str, Component] = {}
         self.apiserver_port = 0
         self.ca: pki.CertificateAuthority | None = None
+        self.real_node: realnode.RealNode | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> ControlPlane:
@@ -213,11 +219,25 @@ class ControlPlane:
             self._write_state()
             if self.tier >= Tier.B:
                 self._wait_for_default_serviceaccount(timeout)
+            if self.tier >= Tier.D:
+                from devcluster import realnode
+
+                self.real_node = realnode.RealNode(self)
+                self.real_node.start(timeout)
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
+        if self.real_node is not None:
+            self.real_node.stop()
+        elif (self.workdir / "realnode").is_dir():  # attached from another process: host state only
+            from devcluster import realnode
+
+            for name in ("kubelet", "containerd"):
+                if name in self.components:
+                    self.components[name].stop()
+            realnode.teardown(self.workdir / "realnode")
         # Programs started beside the plane first, then the plane from the top down.
         core = self._order()
         for name in [n for n in reversed(list(self.components)) if n not in core] + list(reversed(core)):
@@ -261,6 +281,9 @@ class ControlPlane:
         parts = []
         for name, comp in self.components.items():
             parts.append(f"----- {name} ({comp.log}) -----\n{_tail(comp.log, lines)}")
+        if self.real_node is not None:  # the containers' own logs, while their pods exist
+            for log in sorted(self.real_node.dir.glob("pod-logs/*/*/*.log")):
+                parts.append(f"----- container {log.parent.parent.name}/{log.parent.name} -----\n{_tail(log, lines)}")
         return "\n".join(parts)
 
     # -- clients -------------------------------------------------------------------------------
@@ -360,7 +383,10 @@ class ControlPlane:
         self.ca = pki.CertificateAuthority()
         self.ca_file.write_bytes(self.ca.cert_pem)
         self.ca.pair.write(self.pki_dir, "ca")
-        self.ca.issue("kube-apiserver", hosts=("localhost", "127.0.0.1")).write(self.pki_dir, "apiserver")
+        # Pods reach the API server as the `kubernetes` Service (tier D): its ClusterIP and names.
+        hosts = ("localhost", "127.0.0.1", "10.96.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+        self.ca.issue("kube-apiserver", hosts=hosts).write(self.pki_dir, "apiserver")
+        self.ca.issue("kube-apiserver-kubelet-client", client=True).write(self.pki_dir, "kubelet-client")
         sa = pki.signing_key_pair()
         (self.pki_dir / "sa.pub").write_bytes(sa.cert_pem)
         (self.pki_dir / "sa.key").write_bytes(sa.key_pem)
@@ -407,7 +433,7 @@ class ControlPlane:
                     "--service-cluster-ip-range=10.96.0.0/24",
                     "--endpoint-reconciler-type=none",
                     "--allow-privileged=true",
-                    "--disable-admission-plugins=ServiceAccount",
+                    *self._apiserver_tier_flags(),
                     "--enable-priority-and-fairness=false",
                     "--max-requests-inflight=0",
                     "--max-mutating-requests-inflight=0",
@@ -482,6 +508,34 @@ class ControlPlane:
                 )
             )
         self.components = {c.name: c for c in comps}
+
+    def _apiserver_tier_flags(self) -> list[str]:
+        if self.tier < Tier.D:
+            # No pod runs: no service-account token volumes (tests create pods before the
+            # controller-manager made the namespace's default ServiceAccount).
+            return ["--disable-admission-plugins=ServiceAccount"]
+        p = self.pki_dir
+        # Pod creations are audited (metadata only), so that Pod Security's audit mode can be read back.
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods"]}]},
+                {"level": "None"},
+            ],
+        }
+        (p / "audit-policy.yaml").write_text(yaml.safe_dump(policy))
+        return [
+            f"--audit-policy-file={p / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            # No kube-proxy: webhook Services are reached on an endpoint's pod IP, routed to the bridge.
+            "--enable-aggregator-routing=true",
+            f"--kubelet-client-certificate={p / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'kubelet-client.key'}",
+            f"--kubelet-certificate-authority={p / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
 
     def _wait_for_default_serviceaccount(self, timeout: float) -> None:
         from kubernetes import client

@@ -1,0 +1,3 @@
+module fiar.local/devcluster/pause
+
+go 1.26.0
