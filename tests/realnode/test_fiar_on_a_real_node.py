@@ -37,6 +37,7 @@ RELEASE = "gpu-fiar"
 NAMESPACE = "fiar-e2e"
 SIMULATED_HOST = "h200x2-host"  # recorded 2x H200 host: multicast disabled, trtllm passes
 ENV = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
+FUSION_FLAG = "-cc.pass_config.fuse_allreduce_rms="
 PSA = "pod-security.kubernetes.io"
 
 
@@ -196,8 +197,10 @@ def test_agent_labels_its_own_node_through_its_service_account(release: Release)
     with release.api() as api:
         core = client.CoreV1Api(api)
         labels = wait_for(
-            lambda: (core.read_node(node.name).metadata.labels or {}).get(contract.LABEL_BACKEND)
-            and core.read_node(node.name).metadata.labels,
+            lambda: (
+                (core.read_node(node.name).metadata.labels or {}).get(contract.LABEL_BACKEND)
+                and core.read_node(node.name).metadata.labels
+            ),
             120,
             "the agent's verdict on the real node",
         )
@@ -284,6 +287,8 @@ def _standin_pod(name: str, node: str | None = None, labels: dict[str, str] | No
                 "name": "vllm",
                 "image": "placeholder",  # set by _image
                 "imagePullPolicy": "Never",
+                # Exec form `vllm serve` (the stand-in is /usr/local/bin/vllm): fiar controls its fusion.
+                "command": ["vllm"],
                 "args": ["serve", "/models/stand-in", "--tensor-parallel-size", "2"],
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             }
@@ -399,7 +404,9 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     _standin_on_real_node(release, "on-trtllm")
     first = _printed(release, "on-trtllm")
     assert first["env"][ENV] == "trtllm"
-    assert first["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2"]
+    # A verified backend: the fusion is the container's own (null), the standalone allreduce on.
+    assert first["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2", FUSION_FLAG + "null"]
+    assert first["env"][contract.ENV_ALLREDUCE_USE_FLASHINFER] == "1"
     # Decided by both webhooks, which the API server reached through the chart's Service: the pod
     # webhook at create (the policy label), the binding webhook when the scheduler bound it.
     with release.api() as api:
@@ -427,7 +434,18 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     _set_verdict(release, "none", None)
     wait_for(lambda: _annotation(release, "on-mnnvl") == "auto", 60, "on-mnnvl re-annotated to the fallback")
     _standin_on_real_node(release, "on-none")
-    assert _printed(release, "on-none")["env"][ENV] == "auto"
+    on_none = _printed(release, "on-none")
+    assert on_none["env"][ENV] == "auto"
+    assert on_none["argv"][-1] == FUSION_FLAG + "false"
+    assert on_none["env"][contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
+
+    # none with a passing trtllm test (the NVLink-bridge boards): trtllm, with the fusion off.
+    _set_verdict(release, "none", "pass")
+    wait_for(lambda: _annotation(release, "on-none") == "trtllm", 60, "on-none re-annotated to trtllm")
+    _standin_on_real_node(release, "on-bridge")
+    on_bridge = _printed(release, "on-bridge")
+    assert (on_bridge["env"][ENV], on_bridge["argv"][-1]) == ("trtllm", FUSION_FLAG + "false")
+    assert "" not in on_bridge["argv"]
 
 
 def test_a_pod_created_while_the_operator_is_down_starts_on_the_fallback(release: Release) -> None:
@@ -445,6 +463,7 @@ def test_a_pod_created_while_the_operator_is_down_starts_on_the_fallback(release
             wait_for(lambda: len([p for p in _pods(release, "operator") if _ready(p)]) == 3, 120, "operators back")
     # Never configured: no variable at all (vLLM's default, auto), never an empty one.
     assert ENV not in printed["env"], printed["env"].get(ENV)
+    assert printed["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2"]
     assert contract.LABEL_POD_POLICY not in (pod.metadata.labels or {})
 
 
@@ -467,8 +486,12 @@ def test_pod_start_on_the_real_node_with_and_without_the_webhooks(release: Relea
                     _standin_on_real_node(release, name, ns)
                     wait_for(lambda ns=ns, name=name: _running(core, ns, name), 60, f"{ns}/{name} running", 0.02)
                     times[key].append(time.monotonic() - start)
+            # The covered pods went through both webhooks (whatever the node's verdict is by now).
             annotations = core.read_namespaced_pod("timed-0", release.workloads).metadata.annotations or {}
-            assert annotations.get(contract.ANNOTATION_POD_BACKEND) == "auto"
+            decision = json.loads(annotations[contract.ANNOTATION_POD_DECISION])
+            assert decision["trigger"] == "binding", decision
+            ignored = core.read_namespaced_pod("timed-0", "ignored").metadata.annotations or {}
+            assert contract.ANNOTATION_POD_DECISION not in ignored
         finally:
             core.delete_namespace("ignored")
     summary = {k: round(statistics.median(v), 3) for k, v in times.items()}
