@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator import affinity, commands, decide, patches
-from fiar_operator.pods import INJECTED, field_path, group_plan, is_injected, pod_record
+from fiar_operator.pods import INJECTED, annotations_read, field_path, group_plan, is_injected, pod_record
 from fiar_operator.policy import Policy
 
 
@@ -60,20 +60,9 @@ class PodPlan:
         return self.decision is not None
 
 
-def reads(pod: Mapping[str, Any]) -> set[str]:
-    """The annotations that injected env entries of the pod's containers (and init containers) read."""
+def _reads(pod: Mapping[str, Any]) -> frozenset[str]:
     spec = pod.get("spec")
-    found: set[str] = set()
-    if not isinstance(spec, Mapping):
-        return found
-    for key in ("initContainers", "containers"):
-        containers = spec.get(key)
-        for container in containers if isinstance(containers, list) else []:
-            env = container.get("env") if isinstance(container, Mapping) else None
-            for entry in env if isinstance(env, list) else []:
-                if isinstance(entry, Mapping) and is_injected(entry):
-                    found.add(INJECTED[str(entry["name"])])
-    return found
+    return annotations_read(spec) if isinstance(spec, Mapping) else frozenset()
 
 
 def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
@@ -87,7 +76,7 @@ def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     present = annotations if isinstance(annotations, Mapping) else {}
-    missing = {key: UNMANAGED_DEFAULTS[key] for key in sorted(reads(pod)) if key not in present}
+    missing = {key: UNMANAGED_DEFAULTS[key] for key in sorted(_reads(pod)) if key not in present}
     if not missing:
         return []
     return patches.set_map_entries(pod, ("metadata", "annotations"), missing)

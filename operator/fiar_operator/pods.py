@@ -163,7 +163,8 @@ def is_injected(entry: Mapping[str, Any]) -> bool:
     )
 
 
-def _reads(spec: Mapping[str, Any]) -> frozenset[str]:
+def annotations_read(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The annotations that injected env entries of the pod's containers (and init containers) read."""
     found = set()
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
@@ -256,7 +257,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         containers=_containers(spec) if isinstance(spec, Mapping) else (),
         fuse=annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS),
         use_flashinfer=annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
-        reads=_reads(spec) if isinstance(spec, Mapping) else frozenset(),
+        reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
         uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
         imex_claims=claims,
     )
