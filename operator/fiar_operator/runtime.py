@@ -25,7 +25,7 @@ from fiar_operator.events import Event, pod_ref
 from fiar_operator.kube import Kube, configuration
 from fiar_operator.leadership import Leadership
 from fiar_operator.metrics import Metrics
-from fiar_operator.pods import PodRecord
+from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.server import READY_KINDS, Server
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
@@ -430,7 +430,20 @@ class Runtime:
         else:
             self._node_labels.pop(name, None)
         self.status.mark()
-        return self._reannotate_all(self.store.pods_on_node(name))
+        return self._reannotate_all(self._with_group_members(self.store.pods_on_node(name)))
+
+    def _with_group_members(self, records: Sequence[PodRecord]) -> list[PodRecord]:
+        """``records`` and the members of their multi-pod groups on other nodes: a node that loses mnnvl
+        breaks its whole group, and a member elsewhere may see no pod event of its own for a long time."""
+        found = {(r.namespace, r.name): r for r in records}
+        for record in records:
+            policy = self.store.policies.get(record.policy or "")
+            key = record.labels.get(policy.group_key_label) if policy is not None else None
+            if policy is None or not key or not group_plan(record, policy).multi:
+                continue
+            for member in self.store.group_members(record.namespace, policy.name, policy.group_key_label, key):
+                found.setdefault((member.namespace, member.name), member)
+        return list(found.values())
 
     def _sync_webhooks(self) -> None:
         managed = {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}

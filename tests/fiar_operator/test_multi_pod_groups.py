@@ -73,3 +73,35 @@ def test_each_pod_of_a_group_falling_back_on_an_unprobed_node_gets_a_warning(kit
 
         (event,) = kit.wait(warned, 30, f"MultiNodeFallback event on {name}")
         assert event["type"] == "Warning" and "never probed" in event["message"]
+
+
+def test_a_member_on_an_unchanged_node_falls_back_when_another_members_node_loses_mnnvl(
+    kit: Any, namespace: str
+) -> None:
+    clique = f"uuid-{kit.unique}.1"
+    a1 = kit.node(f"a1-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique})
+    a2 = kit.node(f"a2-{kit.unique}", "mnnvl", **{contract.LABEL_CLIQUE: clique})
+    kit.policy(f"drift-{kit.unique}", namespace, placement="Anywhere", imexChannel="Provided")
+    for name, node in (("lws-0", a1), ("lws-0-1", a2)):
+        kit.pod(
+            namespace, name, labels={"app": "vllm", LWS_GROUP_KEY: "g4"}, annotations={LWS_SIZE: "2"}, nodeName=node
+        )
+    for pod in kit.running(namespace, 2):
+        assert pod["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND] == "mnnvl"
+
+    kit.relabel(a1, {contract.LABEL_BACKEND: "trtllm"})
+
+    def backend(name: str) -> str:
+        (pod,) = [p for p in kit.pods(namespace) if p["metadata"]["name"] == name]
+        value: str = pod["metadata"]["annotations"][contract.ANNOTATION_POD_BACKEND]
+        return value
+
+    # The member whose own node kept mnnvl is re-checked with its group, not at its next pod event.
+    kit.wait(lambda: backend("lws-0-1") == "auto", 30, "lws-0-1 falls back with its group")
+    assert backend("lws-0") == "auto"
+    (event,) = kit.wait(
+        lambda: [e for e in kit.events(namespace, "lws-0-1") if e["reason"] == "GroupInconsistent"],
+        30,
+        "GroupInconsistent event on lws-0-1",
+    )
+    assert a1 in event["message"]
