@@ -2,13 +2,15 @@
 
 The resident-daemon figure of BENCHMARKS.md, measured on any machine: the daemon probes a simulated
 host (``--simulate``) and publishes to a real local kube-apiserver (tier A). Its VmRSS and VmHWM are
-read from /proc a few seconds after its Node carries the verdict label (the first probe and publish
-are done, the Node watch is open). Each source tree given (a checkout of another commit, say) runs
-against the same control plane, alternating, so the numbers of one run compare side by side:
+read from /proc 3 s after its Node carries the verdict label (the first probe and publish are done,
+the Node watch and the metrics port are open), as bench/agent_gpu_verify.sh reads it on GPU hosts.
+Each source tree given (a checkout of another commit, say) runs against the same control plane,
+alternating, so the numbers of one run compare side by side:
 
     PYTHONPATH=tools .venv/bin/python bench/agent_resident_memory.py [--source DIR ...] [--rounds N]
 
-``--source`` defaults to this checkout; ``git archive COMMIT | tar -x -C DIR`` makes another.
+``--source`` defaults to this checkout; ``git archive COMMIT | tar -x -C DIR`` makes another. Raw
+output of the last run: ``bench/results/agent/resident_memory.txt``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import fiar_contract as contract
 
@@ -38,20 +41,37 @@ def _status(pid: int) -> dict[str, float]:
     return fields
 
 
-def measure(source: Path, plane: object, node: str, workdir: Path) -> dict[str, float]:
+def measure(source: Path, plane: Any, node: str, workdir: Path) -> dict[str, float]:
     from kubernetes import client
+
+    from devcluster.cluster import free_port
 
     env = {**os.environ, "PYTHONPATH": f"{source}{os.pathsep}{source / 'operator'}", "NODE_NAME": node}
     log = workdir / f"{node}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "node_agent", "run", "--simulate", FIXTURE, "--kubeconfig", str(plane.kubeconfig),  # type: ignore[attr-defined]
-             "--metrics-addr", "", "--api-backoff-max", "5"],
-            cwd=source, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "node_agent",
+                "run",
+                "--simulate",
+                FIXTURE,
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "--metrics-addr",
+                f"127.0.0.1:{free_port()}",
+                "--api-backoff-max",
+                "5",
+            ],
+            cwd=source,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 120
-        with plane.api_client() as api:  # type: ignore[attr-defined]
+        with plane.api_client() as api:
             core = client.CoreV1Api(api)
             while time.monotonic() < deadline:
                 labels = core.read_node(node).metadata.labels or {}
