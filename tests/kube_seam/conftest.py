@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,14 @@ class Answer:
 
 
 Script = Callable[[Seen], Answer]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hanging up on a stream is expected
+            super().handle_error(request, client_address)
 
 
 class Loopback:
@@ -75,8 +84,7 @@ class Loopback:
 
             do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.scheme = "http"
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
