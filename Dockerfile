@@ -18,7 +18,7 @@ ARG UBUNTU=ubuntu24.04
 FROM ${PYTHON_BASE} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md fiar_contract.py ./
+COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
 RUN --mount=type=secret,id=ca-bundle \
@@ -65,7 +65,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev ninja-build \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md fiar_contract.py ./
+COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
 RUN python3 -m venv /opt/fiar \

@@ -257,18 +257,14 @@ REPROBE_VALUES = [
 
 def _old_clear(publisher: Any, value: str) -> bool:
     """How the agent cleared a request before: a JSON patch whose ``test`` compares encoded bytes."""
-    from node_agent.publish import HttpError
+    import fiar_kube
 
     pointer = "/metadata/annotations/fiar.io~1reprobe"
     ops = [{"op": "test", "path": pointer, "value": value}, {"op": "remove", "path": pointer}]
     try:
-        publisher._transport().request(
-            "PATCH", publisher._path, body=ops, content_type="application/json-patch+json", timeout_s=10
-        )
-    except HttpError as exc:
-        if exc.status == 422:
-            return False
-        raise
+        publisher._request("PATCH", ops, "application/json-patch+json")
+    except fiar_kube.Invalid:
+        return False
     return True
 
 

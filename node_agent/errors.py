@@ -9,16 +9,20 @@ Callers decide by type, never by message. Everything the agent raises on purpose
     ├── HardwareError           the GPU stack could not be read; the probe degrades with a reason
     │   ├── NvmlUnavailable     no NVIDIA driver or libnvidia-ml on this host
     │   └── NativeProbeFailed   the child process reading NVML/CUDA crashed, hung or printed garbage
-    └── PublishError            writing to the Kubernetes API failed
-        ├── ApiUnavailable      transient (connection refused, timeout, 5xx, 429): retried with backoff
-        ├── NodeNotFound        the agent's own Node does not exist (yet): retried with backoff
-        └── PublishRejected     any other 4xx (RBAC, validation): retried slowly and logged
+    └── PublishError            writing to the Kubernetes API failed (``publish_error``)
+        ├── ApiUnavailable      transient (fiar_kube.Unavailable: connection refused, timeout, 5xx,
+        │                       429; or an answer that cannot be read): retried with backoff
+        ├── NodeNotFound        the agent's own Node does not exist (yet) (fiar_kube.NotFound):
+        │                       retried with backoff
+        └── PublishRejected     any other refusal (RBAC, validation, a conflict): retried slowly and logged
 
 Smoke-test outcomes (fail, timeout, a crashed rank) are values in the report, not exceptions:
 a failing backend is a finding, not an error of the agent.
 """
 
 from __future__ import annotations
+
+import fiar_kube as kube
 
 
 class AgentError(Exception):
@@ -59,3 +63,17 @@ class NodeNotFound(PublishError):
 
 class PublishRejected(PublishError):
     """The API server rejected the request (authorization or validation)."""
+
+
+def publish_error(exc: BaseException) -> PublishError:
+    """The agent's error for a failed API call: decided by the type ``fiar_kube`` gave the answer
+    (never by a status number here); anything else that broke the call is transient."""
+    if isinstance(exc, PublishError):
+        return exc
+    if isinstance(exc, kube.NotFound):
+        return NodeNotFound(str(exc))
+    if isinstance(exc, kube.Unavailable):
+        return ApiUnavailable(str(exc))
+    if isinstance(exc, kube.ApiError):
+        return PublishRejected(str(exc))
+    return ApiUnavailable(f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -22,7 +22,7 @@ from typing import Any, cast
 import yaml
 
 from fiar_operator import __version__, crd, kube, webhookconfig
-from fiar_operator.errors import OperatorError
+from fiar_operator.errors import ApiError, OperatorError
 from fiar_operator.settings import Settings, excluded_namespaces
 
 
@@ -176,7 +176,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         runtime.stop()
         if registered:
-            with contextlib.suppress(OperatorError):
+            with contextlib.suppress(OperatorError, ApiError):
                 runtime.kube.delete(kube.MUTATING_CONFIGS, registered)
     return 0
 
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "webhook-config":
             return _webhook_config(args)
-    except OperatorError as exc:
+    except (OperatorError, ApiError) as exc:
         logging.getLogger("fiar_operator").error("%s", exc)
         sys.stderr.write(f"fiar-operator: {exc}\n")
         return 2

@@ -14,7 +14,7 @@ from typing import Any, Final
 import yaml
 
 from fiar_operator import kube
-from fiar_operator.errors import ApiError, ConfigurationError
+from fiar_operator.errors import ApiError, ConfigurationError, Forbidden, NotFound
 
 FILE: Final = "fiallreducepolicies.yaml"
 FIELD_MANAGER: Final = "fiar-operator"
@@ -34,19 +34,18 @@ def apply(client: kube.Kube) -> dict[str, Any]:
     name = definition()["metadata"]["name"]
     try:
         return client.server_side_apply(kube.CRDS, definition(), FIELD_MANAGER)
-    except ApiError as exc:
-        if exc.status != 403:
-            raise
+    except Forbidden as exc:
         # The chart grants patch on this one CRD, which cannot create it (creating needs a
         # cluster-wide create on every CRD, which the operator is not given).
         try:
             client.call("GET", f"{kube.CRDS}/{name}")
-        except ApiError as missing:
-            if missing.status == 404:
-                raise ConfigurationError(
-                    f"the CRD {name} is not installed and this account may not create it: install it first "
-                    "(helm install without --skip-crds, or: fiar-operator crd | kubectl apply --server-side -f -)"
-                ) from exc
+        except NotFound:
+            raise ConfigurationError(
+                f"the CRD {name} is not installed and this account may not create it: install it first "
+                "(helm install without --skip-crds, or: fiar-operator crd | kubectl apply --server-side -f -)"
+            ) from exc
+        except ApiError:
+            pass  # whether it exists is unknown: the update was refused either way
         raise ConfigurationError(
             f"not allowed to update the CRD {name} ({exc}): grant patch on customresourcedefinitions named "
             f"{name} (the chart's crds.manage), or run without --install-crd"

@@ -5,14 +5,38 @@
     OperatorError                 base: every error this package raises on purpose
     ├── PolicyError               a FiAllreducePolicy object cannot be used (bad spec)
     ├── ReviewError               an AdmissionReview body is malformed (answered with HTTP 400)
-    ├── ApiError                  a call to the Kubernetes API failed or timed out
     └── ConfigurationError        the operator was started with unusable settings
+
+    ApiError                      a call to the Kubernetes API failed or timed out: the errors of
+    ├── Unavailable               fiar_kube, the seam shared with the node agent, re-exported here.
+    ├── NotFound                  Each HTTP status is mapped to a type there, once; the operator
+    ├── Conflict                  decides by type, never by number. ``fiar-operator`` reports an
+    ├── Gone                      ApiError at start like an OperatorError (exit code 2).
+    └── Rejected (Unauthorized, Forbidden, Invalid, any other 4xx)
 
 Webhooks never let an error block a pod: anything that is not a ``ReviewError`` is answered with
 ``allowed: true`` and no patch, so the pod keeps the policy's fallback backend.
 """
 
 from __future__ import annotations
+
+from fiar_kube import ApiError, Conflict, Forbidden, Gone, Invalid, NotFound, Rejected, Unauthorized, Unavailable
+
+__all__ = [
+    "ApiError",
+    "ConfigurationError",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "NotFound",
+    "OperatorError",
+    "PolicyError",
+    "Rejected",
+    "ReviewError",
+    "Unauthorized",
+    "Unavailable",
+]
 
 
 class OperatorError(Exception):
@@ -25,14 +49,6 @@ class PolicyError(OperatorError):
 
 class ReviewError(OperatorError):
     """An AdmissionReview body is malformed; the webhook answers HTTP 400 with this message."""
-
-
-class ApiError(OperatorError):
-    """A Kubernetes API call failed or timed out; ``status`` is the HTTP status when there was one."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ConfigurationError(OperatorError):

@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+import fiar_kube
 from fiar_operator.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def _runtime(memo: kopf.Memo) -> Runtime:
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf uses the same credentials as the operator's own client (--kubeconfig or in-cluster)."""
     cfg = _runtime(memo).kube.configuration
-    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+    header = fiar_kube.authorization(cfg) or ""
     scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(
         server=cfg.host,

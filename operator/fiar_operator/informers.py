@@ -13,23 +13,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import fiar_kube
 from fiar_operator import kube
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import ApiError, Gone
 from fiar_operator.store import Store, describe
 
 log = logging.getLogger(__name__)
 
 MIN_BACKOFF: Final = 0.5
 MAX_BACKOFF: Final = 30.0
+"""A failed list or watch is listed again after MIN_BACKOFF seconds, doubling up to MAX_BACKOFF."""
 
 
 Notify = Callable[[str, str, Mapping[str, Any]], None]
 """(kind, event type, object) after the index applied a watch event; ("LISTED", {}) after a (re-)list."""
 LISTED: Final = "LISTED"
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class Informer:
 
     def _run(self) -> None:
         """List, then watch; on any failure list again (after a backoff). The thread never ends early."""
-        backoff = MIN_BACKOFF
+        backoff = fiar_kube.Backoff(initial=MIN_BACKOFF, cap=MAX_BACKOFF, jitter=(0.0, 0.0))
         while not self.stop.is_set():
             try:
                 listing = self.client.list(self.source.path)
@@ -98,29 +96,25 @@ class Informer:
                 version = listing.resource_version
                 self._changed()
                 self._notify(LISTED, {})
-                backoff = MIN_BACKOFF
+                backoff.reset()
                 while not self.stop.is_set():
                     version = self._watch(version)
-            except _Expired:
+            except Gone:  # the watch's resourceVersion is too old: list again at once
                 continue
-            except ApiError as exc:
-                if exc.status == 410:
-                    continue
-                log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
-            except (OSError, ValueError) as exc:
-                log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, backoff)
+            except (ApiError, OSError, ValueError) as exc:
+                delay = backoff.next_delay()
+                log.warning("informer %s: %s; retrying in %.1fs", self.source.kind, exc, delay)
+                self.stop.wait(delay)
             except Exception:
-                log.exception("informer %s failed; listing again in %.1fs", self.source.kind, backoff)
-            self.stop.wait(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+                delay = backoff.next_delay()
+                log.exception("informer %s failed; listing again in %.1fs", self.source.kind, delay)
+                self.stop.wait(delay)
 
     def _watch(self, version: str) -> str:
         for event in self.client.watch(self.source.path, version, timeout_seconds=self.watch_timeout):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise _Expired()
-                raise ApiError(f"watch {self.source.path}: {obj.get('message')}", obj.get("code"))
+                raise fiar_kube.status_error(obj, f"watch {self.source.path}")
             version = str(_meta(obj).get("resourceVersion") or version)
             if kind in ("ADDED", "MODIFIED"):
                 try:

@@ -1,26 +1,24 @@
-"""The operator's one seam to the Kubernetes API: raw JSON requests and watch streams.
+"""The operator's calls to the Kubernetes API, over the seam it shares with the node agent (``fiar_kube``).
 
-The ``kubernetes`` package is used only to load credentials (kubeconfig or in-cluster, with token
-refresh); requests go through a urllib3 pool of our own and objects stay plain dicts, which keeps the
-informers cheap and the code independent of the generated client's models and internals (which
-changed in kubernetes 37).
+``fiar_kube`` loads the credentials (kubeconfig or in-cluster, with token re-reads), owns the urllib3
+pool and maps failures to typed errors (``NotFound``, ``Conflict``, ``Gone``, ...); objects stay plain
+dicts, which keeps the informers cheap and the code independent of the generated client's models.
+This module names the collections the operator uses and pages through lists.
 """
 
 from __future__ import annotations
 
-import json
-import ssl
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
-from urllib.parse import quote, urlencode
-
-import urllib3
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
 
 import fiar_contract as contract
-from fiar_operator.errors import ApiError, ConfigurationError
+import fiar_kube
+from fiar_kube import APPLY_PATCH, JSON, MERGE_PATCH, segment
+from fiar_operator.errors import ApiError, ConfigurationError, Conflict, NotFound
 from fiar_operator.names import is_namespace_name, is_object, is_pod_name
+
+__all__ = ["APPLY_PATCH", "JSON", "MERGE_PATCH", "Kube", "Listing", "configuration", "segment"]
 
 NODES: Final = "/api/v1/nodes"
 NAMESPACES: Final = "/api/v1/namespaces"
@@ -28,45 +26,16 @@ PODS: Final = "/api/v1/pods"
 POLICIES: Final = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}"
 MUTATING_CONFIGS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 CRDS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-JSON: Final = "application/json"
-MERGE_PATCH: Final = "application/merge-patch+json"
-APPLY_PATCH: Final = "application/apply-patch+yaml"
+POOL_SIZE: Final = 32
+"""Connections kept to the API server: informers, the reconciler's patchers, the webhooks' reads."""
 
 
 def configuration(kubeconfig: str | None = None) -> Any:
     """Client settings from a kubeconfig file, else in-cluster credentials, else the default kubeconfig."""
-    cfg = client.Configuration()
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=cfg)
-            except ConfigException:
-                config.load_kube_config(client_configuration=cfg)
-    except (ConfigException, OSError) as exc:
-        where = kubeconfig or "in-cluster service account or ~/.kube/config"
-        raise ConfigurationError(f"no usable Kubernetes credentials ({where}): {exc}") from exc
-    return cfg
-
-
-def segment(name: str) -> str:
-    """``name`` as one path segment: every character but unreserved ones percent-encoded ("/" too)."""
-    return quote(name, safe="")
-
-
-def _lines(response: Any) -> Iterator[bytes]:
-    buffer = bytearray()
-    for segment in response.stream(amt=None, decode_content=False):
-        buffer.extend(segment)
-        newline = buffer.find(b"\n")
-        while newline != -1:
-            line = bytes(buffer[:newline])
-            del buffer[: newline + 1]
-            if line.strip():
-                yield line
-            newline = buffer.find(b"\n")
+        return fiar_kube.load_config(kubeconfig, default_kubeconfig=True)
+    except fiar_kube.ConfigError as exc:
+        raise ConfigurationError(f"no usable Kubernetes credentials: {exc}") from exc
 
 
 PAGE: Final = 500
@@ -104,61 +73,12 @@ class Listing:
 
 
 class Kube:
-    """Raw JSON access to the API server with the credentials of a client Configuration.
+    """Raw JSON access to the API server with the credentials of a client Configuration (or of
+    anything with a ``configuration``, such as a kubernetes ``ApiClient``)."""
 
-    The connection pool is the operator's own (urllib3, as in the kubernetes client), so only the
-    client's stable parts are used: loading credentials and refreshing tokens.
-    """
-
-    def __init__(self, settings: Any, pool_size: int = 32) -> None:
+    def __init__(self, settings: Any, pool_size: int = POOL_SIZE) -> None:
         self.configuration = getattr(settings, "configuration", settings)
-        cfg = self.configuration
-        self._pool = urllib3.PoolManager(
-            num_pools=4,
-            maxsize=pool_size,
-            cert_reqs=ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE,
-            ca_certs=cfg.ssl_ca_cert,
-            cert_file=cfg.cert_file,
-            key_file=cfg.key_file,
-        )
-
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": JSON, "User-Agent": "fiar-operator"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        cfg = self.configuration
-        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
-        return headers
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        query: Mapping[str, Any] | None,
-        body: Any,
-        content_type: str | None,
-        timeout: float | tuple[float, float] | None,
-    ) -> Any:
-        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        url = self.configuration.host + path + ("?" + urlencode(params) if params else "")
-        if isinstance(timeout, tuple):
-            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
-        else:
-            limit = urllib3.Timeout(total=timeout)
-        try:
-            return self._pool.request(
-                method,
-                url,
-                body=json.dumps(body).encode() if body is not None else None,
-                headers=self._headers(content_type),
-                timeout=limit,
-                preload_content=False,
-                retries=False,
-            )
-        except urllib3.exceptions.HTTPError as exc:  # the API server is unreachable or slow
-            raise ApiError(f"{method} {path}: {exc}") from exc
+        self.client = fiar_kube.Client(self.configuration, user_agent="fiar-operator", maxsize=pool_size)
 
     def call(
         self,
@@ -167,23 +87,10 @@ class Kube:
         query: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str | None = None,
-        timeout: float | tuple[float, float] | None = 10.0,
+        timeout: fiar_kube.Timeout = 10.0,
     ) -> Any:
-        """One request; the decoded JSON answer, or ApiError (with the HTTP status) on failure."""
-        response = self._send(method, path, query, body, content_type or (JSON if body is not None else None), timeout)
-        try:
-            data = response.read()
-        except urllib3.exceptions.HTTPError as exc:
-            raise ApiError(f"{method} {path}: {exc}") from exc
-        finally:
-            response.release_conn()
-        if not 200 <= response.status <= 299:
-            try:
-                message = json.loads(data).get("message", "")
-            except (ValueError, AttributeError):
-                message = data[:200].decode(errors="replace") if data else ""
-            raise ApiError(f"{method} {path}: HTTP {response.status} {message}".strip(), response.status)
-        return json.loads(data) if data else None
+        """One request; the decoded JSON answer, or the typed ApiError (``fiar_kube``) on failure."""
+        return self.client.request(method, path, query, body=body, content_type=content_type, timeout=timeout)
 
     def list(self, path: str, label_selector: str | None = None, page: int = PAGE) -> Listing:
         """Every object of a collection, fetched page by page as the result is iterated."""
@@ -192,7 +99,8 @@ class Kube:
     def watch(
         self, path: str, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
     ) -> Iterator[dict[str, Any]]:
-        """Watch events (dicts with ``type`` and ``object``) from ``resource_version`` on."""
+        """Watch events (dicts with ``type`` and ``object``) from ``resource_version`` on; ERROR events
+        are handed out as they come (``fiar_kube.status_error`` types them)."""
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -200,16 +108,7 @@ class Kube:
             "timeoutSeconds": timeout_seconds,
             "labelSelector": label_selector,
         }
-        response = self._send("GET", path, query, None, None, (5.0, timeout_seconds + 30.0))
-        try:
-            if not 200 <= response.status <= 299:
-                raise ApiError(f"watch {path}: HTTP {response.status}", response.status)
-            for line in _lines(response):
-                yield json.loads(line)
-        except urllib3.exceptions.HTTPError as exc:
-            raise ApiError(f"watch {path}: {exc}") from exc
-        finally:
-            response.release_conn()
+        return self.client.stream(path, query, read_timeout_s=timeout_seconds + 30.0)
 
     # -- the calls the operator makes ------------------------------------------------------------
     def get_pod(self, namespace: str, name: str, timeout: float = 1.0) -> dict[str, Any]:
@@ -252,9 +151,8 @@ class Kube:
         try:
             created: dict[str, Any] = self.call("POST", collection, body=dict(obj))
             return created
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+        except Conflict:
+            pass
         current = self.call("GET", f"{collection}/{name}")
         body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
         replaced: dict[str, Any] = self.call("PUT", f"{collection}/{name}", body=body)
@@ -271,8 +169,5 @@ class Kube:
         return applied
 
     def delete(self, collection: str, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFound):
             self.call("DELETE", f"{collection}/{name}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import ApiError, NotFound
 from fiar_operator.kube import Kube
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ class Leadership:
     def check(self) -> bool:
         try:
             body = self.kube.call("GET", f"{PEERINGS}/{self.name}", timeout=5.0)
+        except NotFound:
+            return True  # no peering object or CRD: every replica reconciles (as kopf does then)
         except ApiError as exc:
-            if exc.status == 404:
-                return True  # no peering object or CRD: every replica reconciles (as kopf does then)
             log.warning("peering %s not read: %s", self.name, exc)
             return self.leading
         return leads((body or {}).get("status"), self.identity, self.priority, datetime.now(timezone.utc))

@@ -8,7 +8,6 @@ by the informers' changes: each kind is watched once per replica, and each chang
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,11 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 import fiar_contract as contract
+from fiar_kube import backoff_delay
 from fiar_operator import events as posting
 from fiar_operator import informers, reconcile
 from fiar_operator.admission import Admission, utc_now
 from fiar_operator.changes import Change, Changes, change_of
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import ApiError, Conflict, NotFound
 from fiar_operator.events import Event, pod_ref
 from fiar_operator.kube import Kube, configuration
 from fiar_operator.leadership import Leadership
@@ -130,12 +130,12 @@ class StatusWriter:
             deferrable = name not in names
             try:
                 result = self.write(name, deferrable=deferrable)
+            except NotFound:
+                self._failures.pop(name, None)
+                continue
             except ApiError as exc:
-                if exc.status == 404:
-                    self._failures.pop(name, None)
-                    continue
                 failures = self._failures[name] = self._failures.get(name, 0) + 1
-                delay = min(self.interval * 2**failures, STATUS_BACKOFF_MAX) * random.uniform(0.5, 1.0)
+                delay = backoff_delay(failures, initial=self.interval, cap=STATUS_BACKOFF_MAX, jitter=(-0.5, 0.0))
                 self._due[name] = min(self._due.get(name, now + delay), now + delay)
                 log.warning(
                     "status of policy %s not written (attempt %d, next in %.1f s): %s", name, failures, delay, exc
@@ -278,11 +278,10 @@ class Runtime:
         body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": self.settings.peering}}
         try:
             self.kube.call("POST", PEERINGS, body=body)
-        except ApiError as exc:
-            if exc.status == 404:
-                log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
-            elif exc.status != 409:
-                raise
+        except NotFound:
+            log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
+        except Conflict:
+            pass  # another replica created it
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,8 +1,11 @@
-"""The source layout never shadows the standard library, and both console scripts exist."""
+"""The source layout never shadows the standard library, both console scripts exist, and the shared
+top-level modules are packaged, copied into the images, and keep the two packages apart."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import re
 import subprocess
 import sys
 import sysconfig
@@ -46,3 +49,45 @@ def test_packages_import_from_their_source_folders(package: str) -> None:
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
     assert Path(spec.origin).resolve().is_relative_to(ROOT)
+
+
+def _py_modules() -> list[str]:
+    found = re.search(r"^py-modules = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml names its top-level modules in py-modules"
+    return re.findall(r'"([^"]+)"', found.group(1))
+
+
+def test_shared_modules_are_packaged_and_copied_into_every_image() -> None:
+    from devcluster import images
+
+    modules = _py_modules()
+    assert {"fiar_contract", "fiar_kube"} <= set(modules)
+    copies = re.findall(r"^COPY pyproject\.toml (.*) \./$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert len(copies) == 2, "the operator and agent build stages each copy the sources"
+    for module in modules:
+        assert all(f"{module}.py" in line.split() for line in copies), f"{module}.py missing from a COPY line"
+        assert f"{module}.py" in images.DOCKERFILE_CONTEXT, f"{module}.py missing from the image cache key"
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [("operator/fiar_operator", "node_agent"), ("node_agent", "fiar_operator")],
+)
+def test_neither_package_imports_the_other(folder: str, forbidden: str) -> None:
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*.py") if forbidden in _imports(p)]
+    assert not offenders
+
+
+@pytest.mark.parametrize("module", ["fiar_contract", "fiar_kube"])
+def test_shared_modules_import_neither_package(module: str) -> None:
+    assert not {"fiar_operator", "node_agent"} & _imports(ROOT / f"{module}.py")

@@ -12,7 +12,7 @@ CHECK = """
 import sys
 from node_agent import cli, daemon, publish
 rc = cli.main(["probe", "--simulate", "h100x8-nvswitch-healthy", "--json"])
-publish.Transport(publish.load_client_config(sys.argv[1]))
+publish.NodePublisher(publish.load_client_config(sys.argv[1]), "gpu-0")._transport()
 heavy = [m for m in sys.modules if m in {heavy!r} or m.split(".")[0] in ("torch", "flashinfer", "fiar_operator")]
 print("HEAVY", heavy, file=sys.stderr)
 sys.exit(10 if heavy else rc)

@@ -1,0 +1,522 @@
+"""The one seam to the Kubernetes API, shared by the operator and the node agent (neither imports the other).
+
+Both components talk raw JSON over a urllib3 pool; the ``kubernetes`` package is used only to load
+credentials (a kubeconfig, or the in-cluster service account). Objects stay plain dicts. The
+generated API classes are never imported (they cost the agent about 22 MiB of resident memory) and
+nothing is imported at module level but the standard library: the agent loads urllib3 and the
+kubernetes package only when it first talks to the API.
+
+Each rule is stated once here:
+
+* credentials: ``load_config`` (kubeconfig, else in-cluster, else optionally the default kubeconfig);
+  the in-cluster token is re-read whenever its file changes (the kubelet rotates it), so a rotated
+  token is used on the next request;
+* the authorization header: ``authorization`` (the refresh hook of the configuration runs first);
+* the pool: ``pool_manager`` with the configuration's TLS settings, and the proxy of the kubeconfig or
+  the environment (``HTTPS_PROXY``), except for hosts that ``NO_PROXY`` names (``bypasses_proxy``).
+  In-cluster the API server is always reached directly: its service address is only routable inside
+  the cluster, so a proxy set for egress must never carry the API traffic;
+* errors: ``error_for`` maps an HTTP status (or a watch ERROR event's Status) to a type, once;
+  callers decide by type (``NotFound``, ``Conflict``, ``Gone``, ...), never by number;
+* watch streams: ``WatchLines`` splits the byte stream into JSON events, each line bounded;
+* retries: ``Backoff`` / ``backoff_delay``; urllib3 never retries on its own.
+
+The transport is synchronous: both components call the API from threads (the operator's webhooks
+hand their few reads to a thread pool), so there is one transport, not a sync and an async one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from ipaddress import ip_address, ip_network
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, urlencode, urlsplit
+
+if TYPE_CHECKING:
+    import urllib3
+
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+
+SERVICE_ACCOUNT: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+"""Longest watch event line accepted: well above the API server's largest object (its request limit
+is 3 MiB), far below what an endless line would take."""
+MAX_ERROR_BODY: Final = 300
+"""Characters of an error answer kept in the error (messages go to logs)."""
+
+
+# -- errors --------------------------------------------------------------------------------------
+class ConfigError(Exception):
+    """No usable credentials: the kubeconfig or the in-cluster service account cannot be loaded."""
+
+
+class ApiError(Exception):
+    """A call to the API server failed. ``status`` is the HTTP status (None: no answer, or the
+    request was refused before it was sent); ``body`` the start of the answer."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "", body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+class Unavailable(ApiError):
+    """Transient: no answer (connection refused or reset, timeout), 429 Too Many Requests, or 5xx."""
+
+
+class NotFound(ApiError):
+    """404: the object (or its kind) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: the object exists already, or changed since the resourceVersion the request named."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion a watch asked for is too old: list again."""
+
+
+class Rejected(ApiError):
+    """Any other 4xx: the request itself is refused; repeating it unchanged does not help."""
+
+
+class Unauthorized(Rejected):
+    """401: the credentials were not accepted."""
+
+
+class Forbidden(Rejected):
+    """403: authorization (RBAC) or an admission policy refused the request."""
+
+
+class Invalid(Rejected):
+    """422: the object failed validation."""
+
+
+class EventTooLarge(ValueError):
+    """A watch stream sent a line longer than the bound: the stream is abandoned."""
+
+
+_BY_STATUS: Final[Mapping[int, type[ApiError]]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: Unavailable,
+}
+
+
+def error_type(status: int | None) -> type[ApiError]:
+    """The error type of an HTTP status: the one place a status number is interpreted."""
+    if status is None or status >= 500:
+        return Unavailable
+    return _BY_STATUS.get(status, Rejected)
+
+
+def error_for(status: int | None, message: str, *, reason: str = "", body: str = "") -> ApiError:
+    return error_type(status)(message, status, reason, body[:MAX_ERROR_BODY])
+
+
+def status_message(data: bytes) -> str:
+    """The ``message`` of a Status answer, else the start of the body (bounded, one line)."""
+    try:
+        doc = json.loads(data)
+        message = doc.get("message", "") if isinstance(doc, dict) else ""
+    except ValueError:
+        message = ""
+    if not isinstance(message, str) or not message:
+        message = data[:200].decode(errors="replace")
+    return " ".join(message[:MAX_ERROR_BODY].split())
+
+
+def status_error(status: Any, what: str = "watch") -> ApiError:
+    """The error of a watch ERROR event's object (a Status: ``code``, ``reason``, ``message``)."""
+    doc = status if isinstance(status, Mapping) else {}
+    code = doc.get("code")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    message = str(doc.get("message") or "")[:MAX_ERROR_BODY]
+    return error_for(code, f"{what}: {message}".strip(), reason=str(doc.get("reason") or "")[:100])
+
+
+# -- backoff -------------------------------------------------------------------------------------
+def backoff_delay(
+    attempt: int,
+    *,
+    initial: float,
+    cap: float,
+    factor: float = 2.0,
+    jitter: tuple[float, float] = (-0.2, 0.2),
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """``min(cap, initial * factor**attempt)``, scaled by ``1 + uniform(*jitter)``."""
+    try:
+        base = min(cap, initial * factor**attempt)
+    except OverflowError:  # after about a thousand attempts factor**attempt leaves the floats
+        base = cap
+    low, high = jitter
+    return base * (1.0 + (uniform(low, high) if low != high else low))
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with jitter: ``initial * factor**n`` capped at ``cap`` seconds, each delay
+    scaled by a random factor in ``1 + jitter`` (by default 0.8 to 1.2)."""
+
+    initial: float = 1.0
+    cap: float = 60.0
+    factor: float = 2.0
+    jitter: tuple[float, float] = (-0.2, 0.2)
+    attempts: int = field(default=0, init=False)
+
+    def next_delay(self) -> float:
+        delay = backoff_delay(self.attempts, initial=self.initial, cap=self.cap, factor=self.factor, jitter=self.jitter)
+        self.attempts += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+# -- credentials ---------------------------------------------------------------------------------
+class TokenFile:
+    """The refresh hook of an in-cluster configuration: re-reads the service-account token whenever
+    its file changed (one ``stat`` per request). An unreadable or empty file keeps the last token."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+
+    def __call__(self, cfg: Any) -> None:
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen == self._seen:
+                return
+            with open(self.path) as f:
+                token = f.read(64 * 1024).strip()
+        except OSError:
+            return
+        if token:
+            cfg.api_key["BearerToken"] = f"Bearer {token}"
+            cfg.api_key_prefix.pop("BearerToken", None)
+            self._seen = seen
+
+
+def load_config(
+    kubeconfig: str | None,
+    *,
+    default_kubeconfig: bool = False,
+    environ: Mapping[str, str] | None = None,
+    service_account: str = SERVICE_ACCOUNT,
+) -> Any:
+    """A kubernetes ``Configuration``: from ``kubeconfig`` when given, else the in-cluster service
+    account (``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``service_account``'s token and CA), else, with
+    ``default_kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``. ``ConfigError`` when none loads.
+    ``environ`` (default: the process's) is where those variables are read."""
+    from kubernetes import client, config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            return cfg
+        token = os.path.join(service_account, "token")
+        try:
+            InClusterConfigLoader(
+                token_filename=token,
+                cert_filename=os.path.join(service_account, "ca.crt"),
+                try_refresh_token=False,
+                environ=os.environ if environ is None else environ,
+            ).load_and_set(cfg)
+        except config.ConfigException:
+            if not default_kubeconfig:
+                raise
+            default = None if environ is None else environ.get("KUBECONFIG", "~/.kube/config")
+            config.load_kube_config(config_file=default, client_configuration=cfg)
+            return cfg
+    except Exception as exc:  # ConfigException, OSError, yaml errors
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        if not kubeconfig and default_kubeconfig:
+            where += " or ~/.kube/config"
+        raise ConfigError(f"cannot load {where}: {exc}") from exc
+    cfg.refresh_api_key_hook = TokenFile(token)
+    cfg.refresh_api_key_hook(cfg)
+    cfg.proxy = None  # in-cluster: the API server's service address, never through a proxy
+    cfg.no_proxy = "*"
+    return cfg
+
+
+def authorization(cfg: Any) -> str | None:
+    """The Authorization header value (the configuration's refresh hook runs first), or None."""
+    token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    return str(token) if token else None
+
+
+# -- the pool ------------------------------------------------------------------------------------
+def bypasses_proxy(url: str, no_proxy: str | None) -> bool:
+    """Whether ``NO_PROXY`` (comma-separated: ``*``, host names with their subdomains, ``.suffix``,
+    ``host:port``, IP addresses and CIDR ranges) names the host of ``url``."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        return True
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        address = ip_address(host)
+    except ValueError:
+        address = None
+    for raw in (no_proxy or "").split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if address is not None:
+            try:
+                if address in ip_network(entry.strip("[]"), strict=False):
+                    return True
+            except ValueError:
+                pass
+        if entry.startswith("["):  # [IPv6]:port
+            name, _, rest = entry[1:].partition("]")
+            entry_port = rest[1:] if rest.startswith(":") else ""
+        elif entry.count(":") == 1:  # host:port
+            name, _, entry_port = entry.partition(":")
+        else:
+            name, entry_port = entry, ""
+        if entry_port and entry_port != str(port):
+            continue
+        name = name.lstrip(".")
+        if name and (host == name or host.endswith("." + name)):
+            return True
+    return False
+
+
+def proxy_for(cfg: Any, environ: Mapping[str, str] | None = None) -> str | None:
+    """The proxy URL for the configuration's API server, or None to connect directly."""
+    found = proxies(os.environ if environ is None else environ)
+    host = str(cfg.host)
+    proxy = getattr(cfg, "proxy", None) or found.get(urlsplit(host).scheme) or found.get("all")
+    if not proxy:
+        return None
+    no_proxy = getattr(cfg, "no_proxy", None)
+    return None if bypasses_proxy(host, no_proxy if no_proxy is not None else found.get("no")) else str(proxy)
+
+
+def proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    """``{"https": ..., "no": ...}`` from ``*_proxy`` variables; a lowercase name wins (as in urllib)."""
+    found: dict[str, str] = {}
+    for key, value in environ.items():
+        name = key.lower()
+        if value and name.endswith("_proxy") and (key.islower() or name[:-6] not in found):
+            found[name[:-6]] = value
+    return found
+
+
+def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[str, str] | None = None) -> Any:
+    """A urllib3 pool with the configuration's TLS settings, through its proxy unless bypassed."""
+    import ssl
+
+    import urllib3
+
+    args: dict[str, Any] = {
+        "num_pools": num_pools,
+        "maxsize": maxsize,
+        "cert_reqs": ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE,
+        "ca_certs": cfg.ssl_ca_cert,
+        "cert_file": cfg.cert_file,
+        "key_file": cfg.key_file,
+    }
+    optional = {
+        "ca_cert_data": "ca_cert_data",
+        "assert_hostname": "assert_hostname",
+        "server_hostname": "tls_server_name",
+        "socket_options": "socket_options",
+    }
+    for arg, attribute in optional.items():
+        value = getattr(cfg, attribute, None)
+        if value is not None:
+            args[arg] = value
+    proxy = proxy_for(cfg, environ)
+    if proxy is None:
+        return urllib3.PoolManager(**args)
+    headers = getattr(cfg, "proxy_headers", None)
+    if urlsplit(proxy).scheme.lower().startswith("socks"):
+        try:
+            from urllib3.contrib.socks import SOCKSProxyManager
+        except ImportError as exc:  # PySocks is not installed
+            raise ConfigError(f"the proxy {proxy} needs PySocks: {exc}") from exc
+        return SOCKSProxyManager(proxy, headers=headers, **args)
+    return urllib3.ProxyManager(proxy, proxy_headers=headers, **args)
+
+
+# -- requests ------------------------------------------------------------------------------------
+def segment(name: str) -> str:
+    """``name`` as one path segment: every character but unreserved ones percent-encoded ("/" too)."""
+    return quote(name, safe="")
+
+
+def url(host: str, path: str, query: Mapping[str, Any] | None = None) -> str:
+    """``host`` + ``path`` + the query's non-None parameters."""
+    params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+    return str(host).rstrip("/") + path + ("?" + urlencode(params) if params else "")
+
+
+Timeout = float | tuple[float, float] | None
+"""A total in seconds, or (connect, read) seconds, or None for no limit."""
+
+
+class WatchLines:
+    """Splits a watch stream into its JSON events (one per line); a line over ``limit`` bytes raises
+    ``EventTooLarge`` before it is kept whole, a line that is not JSON raises ValueError."""
+
+    def __init__(self, limit: int = MAX_EVENT_BYTES) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        self._buffer.extend(chunk)
+        events: list[dict[str, Any]] = []
+        newline = self._buffer.find(b"\n")
+        while newline != -1:
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            if len(line) > self.limit:
+                raise EventTooLarge(f"a watch event of {len(line)} bytes (at most {self.limit})")
+            if line.strip():
+                events.append(_event(line))
+            newline = self._buffer.find(b"\n")
+        if len(self._buffer) > self.limit:
+            raise EventTooLarge(f"a watch event over {self.limit} bytes")
+        return events
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    event = json.loads(line)
+    if not isinstance(event, dict):
+        raise ValueError(f"a watch event that is not an object: {line[:100]!r}")
+    return event
+
+
+class Client:
+    """JSON requests and watch streams with the credentials of a kubernetes ``Configuration``.
+
+    Answers are decoded JSON; failures are the typed errors above (a transport failure is
+    ``Unavailable``). Not shared between processes; safe to share between threads (the pool is)."""
+
+    def __init__(
+        self, cfg: Any, *, user_agent: str, maxsize: int = 4, environ: Mapping[str, str] | None = None
+    ) -> None:
+        self.configuration = cfg
+        self.user_agent = user_agent
+        self._pool = pool_manager(cfg, maxsize=maxsize, environ=environ)
+
+    def headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": JSON, "User-Agent": self.user_agent}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = authorization(self.configuration)
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: Timeout,
+    ) -> urllib3.BaseHTTPResponse:
+        import urllib3
+
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        try:
+            return self._pool.request(  # type: ignore[no-any-return]
+                method,
+                url(self.configuration.host, path, query),
+                body=None if body is None else json.dumps(body).encode(),
+                headers=self.headers(content_type or (JSON if body is not None else None)),
+                timeout=limit,
+                preload_content=False,
+                retries=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:  # the API server is unreachable or slow
+            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Timeout = 10.0,
+    ) -> Any:
+        """One request: the decoded JSON answer (None when empty), or the typed error."""
+        import urllib3
+
+        response = self._send(method, path, query, body, content_type, timeout)
+        try:
+            data = response.read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        finally:
+            response.release_conn()
+        if not 200 <= response.status <= 299:
+            raise error_for(
+                response.status,
+                f"{method} {path}: HTTP {response.status} {status_message(data)}".strip(),
+                reason=response.reason or "",
+                body=data[:MAX_ERROR_BODY].decode(errors="replace"),
+            )
+        return json.loads(data) if data else None
+
+    def stream(
+        self,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        *,
+        read_timeout_s: float,
+        connect_timeout_s: float = 5.0,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> Iterator[dict[str, Any]]:
+        """The JSON events of a watch (``path`` with ``watch=true`` in its query), one per line, until
+        the server ends it. ERROR events are handed out as they come (see ``status_error``)."""
+        import urllib3
+
+        response = self._send("GET", path, query, None, None, (connect_timeout_s, read_timeout_s))
+        try:
+            if not 200 <= response.status <= 299:
+                data = response.read(64 * 1024)
+                raise error_for(
+                    response.status,
+                    f"watch {path}: HTTP {response.status} {status_message(data)}".strip(),
+                    reason=response.reason or "",
+                    body=data[:MAX_ERROR_BODY].decode(errors="replace"),
+                )
+            lines = WatchLines(max_event_bytes)
+            for chunk in response.stream(64 * 1024):
+                yield from lines.feed(chunk)
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"watch {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        finally:
+            response.release_conn()
+
+    def close(self) -> None:
+        self._pool.clear()
