@@ -110,8 +110,31 @@ def test_odd_test_entries_of_a_previous_report_are_ignored() -> None:
     doc = json.loads(report.dumps(result.report))
     doc["tests"]["trtllm"]["bench"] = ["not a point"]
     doc["labels"]["fiar.io/backend"] = "definitely"
-    parsed = report.loads(json.dumps(doc))
-    assert parsed is not None
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
     fingerprint = result.report["fingerprint"]
     assert report.reusable_tests(parsed, fingerprint) == {}
     assert report.previous_verdict(parsed, fingerprint, True) is None, "a label value outside the contract"
+
+
+def test_a_test_entry_with_a_number_too_large_for_an_int_is_left_out_without_a_traceback() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    doc["tests"]["trtllm"]["devices"] = [1e999]  # valid JSON; int() of it raises OverflowError
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
+    assert set(parsed.tests) == {"mnnvl"}, "the odd entry is left out, the other one kept"
+    assert report.reusable_tests(parsed, result.report["fingerprint"]) == {}
+
+
+def test_a_report_without_a_probe_time_is_no_previous_report() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    del doc["probe_time"]
+    assert report.PreviousReport.parse(json.dumps(doc)) == (None, "no probe_time")
+
+
+def test_a_previous_report_read_back_from_the_annotation_equals_the_probe_it_came_from() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    parsed, why = report.PreviousReport.parse(report.dumps(result.report))
+    assert parsed == report.PreviousReport.of_probe(result), why
