@@ -200,7 +200,8 @@ class PreviousReport:
     """What the agent reads back from an earlier report: parsed once (``PreviousReport.parse``) from
     the Node's annotation, or taken from the agent's own last probe (``of_probe``).
 
-    ``tests`` holds the entries that could be read (an odd one is left out); ``labels`` the label
+    ``tests`` holds the entries that could be read (one that does not parse, or whose step times or
+    latencies are not numbers, is left out); ``labels`` the label
     values that are strings; ``multicast_forbidden`` is None when the report's host policy is not a
     boolean (such a report matches no host policy)."""
 
@@ -261,9 +262,11 @@ def _read_tests(raw: Mapping[str, Any]) -> dict[contract.Backend, SmokeOutcome]:
         if not isinstance(entry, dict):
             continue
         try:
-            found[name] = SmokeOutcome.from_dict(name, entry)
+            outcome = SmokeOutcome.from_dict(name, entry)
         except _UNREADABLE_TEST:
             continue
+        if all(isinstance(v, (int, float)) for v in (*outcome.steps.values(), *outcome.latency_us.values())):
+            found[name] = outcome  # step times and latencies are numbers wherever they are read
     return found
 
 

@@ -357,3 +357,18 @@ def test_a_node_report_with_an_unreadable_test_entry_still_gets_a_verdict() -> N
     assert run.run(until=100.0) == 0
     assert node.labels == H200X1
     assert node.times("publish") == [0.0]
+
+
+def test_a_busy_node_whose_report_has_step_times_that_are_not_numbers_keeps_its_verdict(
+    host_file: Callable[..., Path],
+) -> None:
+    earlier = probe(h200x2(), QUICK, environ={})
+    doc = json.loads(report_mod.dumps(earlier.report))
+    doc["tests"]["trtllm"]["steps"] = {"import": "soon"}  # reused as it is, it failed every probe's metrics
+    clock = FakeClock()
+    node = FakeNode(clock, labels=earlier.labels, annotations={contract.ANNOTATION_PROBE_REPORT: json.dumps(doc)})
+    run = Running(node, SimulatedHardware(host_file("h200x2-host", _busy)))
+    assert run.run(until=100.0) == 0
+    assert node.times("publish") == [0.0], "the first probe was published, none failed"
+    assert node.labels == H200X2, "the report's verdict is kept; its unreadable test result is not reused"
+    assert run.report()["labels_kept_from"] == earlier.report["probe_time"]

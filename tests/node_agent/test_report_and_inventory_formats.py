@@ -127,6 +127,16 @@ def test_a_test_entry_with_a_number_too_large_for_an_int_is_left_out_without_a_t
     assert report.reusable_tests(parsed, result.report["fingerprint"]) == {}
 
 
+@pytest.mark.parametrize("steps", [{"import": "x"}, {"import": None}, {"import": [1]}])
+def test_a_test_entry_whose_step_times_are_not_numbers_is_left_out(steps: dict[str, Any]) -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    doc["tests"]["trtllm"]["steps"] = steps
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
+    assert set(parsed.tests) == {"mnnvl"}
+
+
 def test_a_report_without_a_probe_time_is_no_previous_report() -> None:
     result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
     doc = json.loads(report.dumps(result.report))
