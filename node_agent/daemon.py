@@ -5,7 +5,7 @@ Triggers of a probe: start-up; the interval; a changed driver version (checked c
 watch; cleared once the new verdict is published). Triggers that arrive during a probe are merged
 into the next one. After a degraded probe (a step could not answer: GPUs busy or unreadable,
 torch/FlashInfer missing, kernels not built) the next one comes after ``--retry-interval`` seconds
-(default 600) instead of ``--interval``; it still skips busy GPUs (idle guard). A probe in which
+(default 600) instead of ``--interval`` (trigger ``retry``); it still skips busy GPUs (idle guard). A probe in which
 no backend passed but one could not be tested, or the GPUs could not be read, keeps the verdict
 labels of the previous report of the same hardware, or leaves ``fiar.io/backend`` unwritten; it
 never claims ``none`` (see ``verdict``).
@@ -215,7 +215,6 @@ class Agent:
         self.inbox = Inbox()
         self.last_report: PreviousReport | None = None
         """What the next probe compares with: the Node's report, then the last probe that read the GPUs."""
-        self.probes_done = 0
         self.timing = loop.Timing(
             interval_s=config.interval_s,
             retry_interval_s=config.retry_interval_s,
@@ -285,7 +284,6 @@ class Agent:
             # a report that could not read the GPUs never replaces one that did: the next probe
             # compares its hardware with the last one that was seen
             self.last_report = own
-        self.probes_done += 1
         log.info("verdict (%s): %s", result.verdict.status, result.labels)
         return result
 
