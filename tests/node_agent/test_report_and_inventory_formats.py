@@ -148,3 +148,37 @@ def test_a_previous_report_read_back_from_the_annotation_equals_the_probe_it_cam
     result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
     parsed, why = report.PreviousReport.parse(report.dumps(result.report))
     assert parsed == report.PreviousReport.of_probe(result), why
+
+
+ODD_VALUES: list[Any] = [None, True, -1, 1e999, "x", "9" * 5000, [], {}, [1e999], {"a": None}, [["x"]]]
+
+
+def _field_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found: list[tuple[Any, ...]] = []
+    children = doc.items() if isinstance(doc, dict) else enumerate(doc[:2]) if isinstance(doc, list) else ()
+    for key, value in children:
+        found.append((*prefix, key))
+        found += _field_paths(value, (*prefix, key))
+    return found
+
+
+def test_any_field_of_a_report_set_to_an_odd_value_is_read_without_a_traceback() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(benchmark=False), environ={})
+    fingerprint = result.report["fingerprint"]
+    base = json.loads(report.dumps(result.report))
+    variants = 0
+    for path in _field_paths(base):
+        for value in ODD_VALUES:
+            doc = json.loads(json.dumps(base))
+            parent = doc
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = value
+            parsed, why = report.PreviousReport.parse(json.dumps(doc))
+            assert parsed is not None or why
+            report.reusable_tests(parsed, fingerprint)
+            for policy in (True, False):
+                report.previous_verdict(parsed, fingerprint, policy)
+                report.previous_verdict(parsed, None, policy)
+            variants += 1
+    assert variants > 1000
