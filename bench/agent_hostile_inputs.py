@@ -116,8 +116,8 @@ def fixtures(sample_probes: int) -> None:
             path.write_text(json.dumps(doc))
             try:
                 hw = hardware.SimulatedHardware(path)
-                rep = probe(hw, ProbeConfig(timeout_s=20.0, peer_grace_s=1.0, benchmark=False), environ={}).report
-                results[f"{rep['status']}"] += 1
+                result = probe(hw, ProbeConfig(timeout_s=20.0, peer_grace_s=1.0, benchmark=False), environ={})
+                results[result.verdict.status] += 1
             except FixtureError:
                 results["FixtureError"] += 1
             except Exception as exc:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import fiar_contract as contract
 from node_agent import __version__, childproc
 from node_agent.errors import AgentError, ConfigError, HardwareError
 from node_agent.hardware import Hardware, NvmlHardware, SimulatedHardware
@@ -153,29 +154,30 @@ def _stderr(line: str, t0: float = time.monotonic()) -> None:
 
 
 def summary(result: ProbeResult) -> str:
-    rep = result.report
-    lines = [f"fiar-agent probe: {rep['status']} ({rep['duration_s']:.1f}s, {rep['hardware']})", "labels:"]
-    lines += [f"  {k}={v}" for k, v in rep["labels"].items()]
+    verdict = result.verdict
+    lines = [f"fiar-agent probe: {verdict.status} ({round(result.duration_s, 3):.1f}s, {result.hardware})", "labels:"]
+    lines += [f"  {k}={v}" for k, v in verdict.labels.items()]
     lines.append("reasons:")
-    lines += [f"  - {r}" for r in rep["reasons"]]
-    for name, test in rep["tests"].items():
-        if test["result"] in ("skipped",):
+    lines += [f"  - {r}" for r in verdict.reasons]
+    for name in contract.BACKENDS:
+        test = result.tests[name]
+        if test.result == "skipped":
             continue
-        steps = ", ".join(f"{k} {v:.2f}s" for k, v in test.get("steps", {}).items())
-        jit = test.get("jit", {})
-        lines.append(f"{name}: {test['result']} on GPUs {test.get('devices')}; {steps}")
-        if jit:
+        steps = ", ".join(f"{k} {v:.2f}s" for k, v in test.steps.items())
+        devices = list(test.devices) if test.devices else None
+        lines.append(f"{name}: {test.result} on GPUs {devices}; {steps}")
+        if test.jit:
+            jit = test.jit
             lines.append(f"  jit: {jit.get('source', '?')} in {jit.get('seconds', 0):.2f}s (apart from the test)")
-        if test.get("latency_us"):
-            lines.append("  latency: " + ", ".join(f"{k} {v:.1f}" for k, v in test["latency_us"].items()))
-        if test.get("bench"):
+        if test.latency_us:
+            lines.append("  latency: " + ", ".join(f"{k} {v:.1f}" for k, v in test.latency_us.items()))
+        if test.bench:
             lines.append("  hidden  tokens   NCCL us  backend us  graph us  ratio")
-            for p in test["bench"]:
-                graph = p.get("backend_graph_us")
-                g = f"{graph:8.1f}" if graph is not None else "       -"
-                ratio = p["backend_us"] / p["nccl_us"] if p["nccl_us"] else float("inf")
-                sizes = f"  {p['hidden']:6d}  {p['tokens']:6d}"
-                lines.append(f"{sizes}  {p['nccl_us']:8.1f}  {p['backend_us']:10.1f}  {g}  {ratio:5.2f}")
+            for p in test.bench:
+                g = f"{p.backend_graph_us:8.1f}" if p.backend_graph_us is not None else "       -"
+                ratio = p.backend_us / p.nccl_us if p.nccl_us else float("inf")
+                sizes = f"  {p.hidden:6d}  {p.tokens:6d}"
+                lines.append(f"{sizes}  {p.nccl_us:8.1f}  {p.backend_us:10.1f}  {g}  {ratio:5.2f}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ Triggers of a probe: start-up; the interval; a changed driver version (checked c
 watch; cleared once the new verdict is published). Triggers that arrive during a probe are merged
 into the next one. After a degraded probe (a step could not answer: GPUs busy or unreadable,
 torch/FlashInfer missing, kernels not built) the next one comes after ``--retry-interval`` seconds
-(default 600) instead of ``--interval``; it still skips busy GPUs (idle guard). A probe in which
+(default 600) instead of ``--interval`` (trigger ``retry``); it still skips busy GPUs (idle guard). A probe in which
 no backend passed but one could not be tested, or the GPUs could not be read, keeps the verdict
 labels of the previous report of the same hardware, or leaves ``fiar.io/backend`` unwritten; it
 never claims ``none`` (see ``verdict``).
@@ -23,6 +23,12 @@ unexpected error inside a probe is logged and retried later: the daemon never ex
 so it never crash-loops. SIGTERM/SIGINT cancel a running smoke test (its process group is killed)
 and end the loop with exit code 0.
 
+``Agent.run`` is one loop over explicit triggers (``loop.Trigger``): the watch thread and the signal
+handler only post triggers to an ``Inbox``; the loop hands them to ``loop.step``, which decides what
+comes next from a typed state (deadlines, backoff, last driver, pending write), does it, and feeds
+the result back. Time comes from an injected ``clock.Clock``. The earlier report flows through as a
+``report.PreviousReport`` and a probe as a ``probe.ProbeResult``; JSON is only written and parsed.
+
 Run as PID 1 (a container without an init), the daemon also reaps exited processes re-parented to
 it (a compiler or rank whose parent was killed), so they neither pile up as zombies nor keep a
 killed process group alive; ``childproc`` keeps the exit status of its own children meanwhile.
@@ -34,24 +40,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
+import random
 import signal
 import threading
-import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import fiar_contract as contract
-from node_agent import childproc
+from node_agent import childproc, loop
 from node_agent import kernel_cache as kernel_cache_mod
 from node_agent import report as report_mod
+from node_agent.clock import SYSTEM_CLOCK, Clock
 from node_agent.errors import ConfigError, PublishError
 from node_agent.hardware import Hardware
 from node_agent.metrics import AgentMetrics, Health, parse_addr, serve
-from node_agent.probe import ProbeConfig, probe
+from node_agent.probe import ProbeConfig, ProbeResult, probe
 from node_agent.publish import Backoff, NodePublisher, NodeState, load_client_config
+from node_agent.report import PreviousReport
 
 log = logging.getLogger("fiar-agent")
 
@@ -118,67 +126,126 @@ class DaemonConfig:
         self.probe.validate()
 
 
+class NodeApi(Protocol):
+    """The agent's own Node, as ``publish.NodePublisher`` reads, writes and watches it."""
+
+    node_name: str
+
+    def read(self) -> NodeState: ...
+
+    def publish(self, labels: Mapping[str, str], report_text: str) -> dict[str, str | None]: ...
+
+    def clear_reprobe(self, value: str) -> bool: ...
+
+    def watch(
+        self,
+        on_state: Callable[[NodeState], None],
+        stop: threading.Event,
+        *,
+        on_error: Callable[[PublishError], None] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None: ...
+
+
+def draw_jitter() -> float:
+    """A backoff's jitter: up to 20% either way, so agents restarted together do not retry in step."""
+    return random.uniform(-0.2, 0.2)
+
+
+class Inbox:
+    """Triggers from other threads (the Node watch, signals) to the loop, and the reprobe value seen."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.wake = threading.Event()
+        self._triggers: list[loop.Trigger] = []
+        self._reprobe: str | None = None
+        self._seen: str | None = None
+        """The last ``fiar.io/reprobe`` value on the Node: seen again, it is no new request."""
+
+    def put(self, trigger: loop.Trigger) -> None:
+        with self._lock:
+            self._triggers.append(trigger)
+        self.wake.set()
+
+    def saw_reprobe(self, value: str | None) -> bool:
+        """Whether ``value`` (the Node's ``fiar.io/reprobe``) is a new request; queued if so."""
+        with self._lock:
+            if value is None or value == self._seen:
+                self._seen = value
+                return False
+            self._seen = value
+            self._reprobe = value
+            self._triggers.append("reprobe")
+        self.wake.set()
+        return True
+
+    def cleared(self, value: str) -> None:
+        """``value`` was removed from the Node: the same value set again later is a new request."""
+        with self._lock:
+            if self._seen == value:
+                self._seen = None
+
+    def take(self) -> tuple[tuple[loop.Trigger, ...], str | None]:
+        with self._lock:
+            triggers, reprobe = tuple(self._triggers), self._reprobe
+            self._triggers, self._reprobe = [], None
+        return triggers, reprobe
+
+
 class Agent:
     def __init__(
         self,
         config: DaemonConfig,
         hardware: Hardware,
-        publisher: NodePublisher,
+        publisher: NodeApi,
         metrics: AgentMetrics,
         health: Health,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        jitter: Callable[[], float] = draw_jitter,
     ) -> None:
         self.config = config
         self.hw = hardware
         self.publisher = publisher
         self.metrics = metrics
         self.health = health
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._triggers: list[str] = []
-        self._reprobe_seen: str | None = None
-        self._reprobe_requested: str | None = None
-        self.last_report: dict[str, Any] | None = None
-        self.previous_read = False
-        """Whether the Node's earlier report was read (the API may be down at start)."""
-        self.probes_done = 0
+        self.clock = clock
+        self.jitter = jitter
+        self.inbox = Inbox()
+        self.last_report: PreviousReport | None = None
+        """What the next probe compares with: the Node's report, then the last probe that read the GPUs."""
+        self.timing = loop.Timing(
+            interval_s=config.interval_s,
+            retry_interval_s=config.retry_interval_s,
+            driver_check_s=config.driver_check_s,
+            api_backoff_max_s=config.api_backoff_max_s,
+        )
 
-    # -- triggers ------------------------------------------------------------------------------
-    def request(self, trigger: str) -> None:
-        with self._lock:
-            if trigger not in self._triggers:
-                self._triggers.append(trigger)
-        self._wake.set()
-
+    # -- triggers from other threads -----------------------------------------------------------
     def stop(self, stop: threading.Event) -> None:
         """End the loop (and any running smoke test) as soon as possible."""
         stop.set()
-        self._wake.set()
+        self.inbox.put("stop")
 
     def on_node_state(self, state: NodeState) -> None:
         """Watch callback: a new ``fiar.io/reprobe`` value asks for a probe."""
         value = state.reprobe
-        with self._lock:
-            if value is None:
-                self._reprobe_seen = None
-                return
-            if value == self._reprobe_seen:
-                return
-            self._reprobe_seen = value
-            self._reprobe_requested = value
+        if not self.inbox.saw_reprobe(value):
+            return
+        assert value is not None
         self.metrics.reprobe_requests.inc()
         node, key = self.publisher.node_name, contract.ANNOTATION_REPROBE
         log.info("reprobe requested on node %s (%s=%s)", node, key, shown(value))
-        self.request("reprobe")
 
-    def _take(self) -> tuple[list[str], str | None]:
-        with self._lock:
-            triggers, self._triggers = self._triggers, []
-            reprobe = self._reprobe_requested if "reprobe" in triggers else None
-            if reprobe is not None:
-                self._reprobe_requested = None
-        return triggers, reprobe
+    def _watch(self, stop: threading.Event) -> None:
+        def on_error(exc: PublishError) -> None:
+            log.warning("watch on node %s interrupted: %s", self.publisher.node_name, exc)
 
-    # -- loop ----------------------------------------------------------------------------------
+        backoff = Backoff(cap=self.config.api_backoff_max_s)
+        self.publisher.watch(self.on_node_state, stop, on_error=on_error, backoff=backoff)
+
+    # -- effects -------------------------------------------------------------------------------
     def _load_previous(self) -> bool:
         """Read the Node's last report (and a pending reprobe request); whether the Node could be read."""
         try:
@@ -186,9 +253,8 @@ class Agent:
         except PublishError as exc:
             log.info("previous report not read yet (API: %s)", exc)
             return False
-        self.previous_read = True
         text = state.annotations.get(contract.ANNOTATION_PROBE_REPORT)
-        self.last_report, why = report_mod.parse(text)
+        self.last_report, why = PreviousReport.parse(text)
         if text and self.last_report is None:
             node = self.publisher.node_name
             log.warning(
@@ -198,16 +264,9 @@ class Agent:
             self.on_node_state(state)
         return True
 
-    def _watch(self, stop: threading.Event) -> None:
-        def on_error(exc: PublishError) -> None:
-            log.warning("watch on node %s interrupted: %s", self.publisher.node_name, exc)
-
-        backoff = Backoff(cap=self.config.api_backoff_max_s)
-        self.publisher.watch(self.on_node_state, stop, on_error=on_error, backoff=backoff)
-
-    def _probe(self, triggers: list[str], stop: threading.Event) -> dict[str, Any] | None:
-        trigger = "+".join(triggers)
-        log.info("probe (%s) on node %s", trigger, self.publisher.node_name)
+    def _probe(self, action: loop.Probe, stop: threading.Event) -> ProbeResult | None:
+        """One probe; None when the agent was stopped meanwhile."""
+        log.info("probe (%s) on node %s", action.name, self.publisher.node_name)
         result = probe(
             self.hw,
             self.config.probe,
@@ -219,118 +278,88 @@ class Agent:
         )
         if stop.is_set():
             return None
-        self.metrics.record_probe(trigger, result.report)
-        if result.report.get("fingerprint") or not (self.last_report or {}).get("fingerprint"):
+        self.metrics.record_probe(action.name, result)
+        own = PreviousReport.of_probe(result)
+        if own.fingerprint or not (self.last_report and self.last_report.fingerprint):
             # a report that could not read the GPUs never replaces one that did: the next probe
             # compares its hardware with the last one that was seen
-            self.last_report = result.report
-        self.probes_done += 1
-        log.info("verdict (%s): %s", result.report["status"], result.labels)
-        return result.report
+            self.last_report = own
+        log.info("verdict (%s): %s", result.verdict.status, result.labels)
+        return result
 
-    def run(self, stop: threading.Event) -> int:
-        cfg = self.config
-        self._load_previous()
-        threading.Thread(target=self._watch, args=(stop,), name="node-watch", daemon=True).start()
-        self.request("start")
-        now = time.monotonic()
-        next_interval = now + cfg.interval_s
-        next_driver = now + cfg.driver_check_s
-        driver = self.hw.driver_version()
-        pending: tuple[dict[str, str], str] | None = None
-        clear: str | None = None
-        next_write = 0.0
-        publish_backoff = Backoff(cap=cfg.api_backoff_max_s)
-        probe_backoff = Backoff(initial=30.0, cap=max(30.0, cfg.interval_s))
-        next_probe_retry = 0.0
-
-        while not stop.is_set():
-            self.health.beat()
-            now = time.monotonic()
-            if now >= next_probe_retry:
-                triggers, reprobe = self._take()
-            else:
-                triggers, reprobe = [], None
-            if triggers:
-                try:
-                    doc = self._probe(triggers, stop)
-                except Exception:
-                    log.exception("probe failed unexpectedly; retrying later")
-                    with self._lock:
-                        self._triggers = triggers + [t for t in self._triggers if t not in triggers]
-                        if reprobe is not None and self._reprobe_requested is None:
-                            self._reprobe_requested = reprobe
-                    next_probe_retry = time.monotonic() + probe_backoff.next_delay()
-                    continue
-                if doc is None:
-                    break
-                probe_backoff.reset()
-                pending = (dict(doc["labels"]), report_mod.dumps(doc))
-                if reprobe is not None:  # "" is a request too
-                    clear = reprobe
-                next_write = 0.0
-                wait_s = cfg.interval_s
-                if doc["status"] == "degraded":
-                    wait_s = min(cfg.retry_interval_s, cfg.interval_s)
-                    log.info("degraded probe: next probe in %.0fs (--retry-interval)", wait_s)
-                next_interval = time.monotonic() + wait_s
-
-            now = time.monotonic()
+    def _write(self, action: loop.Write) -> loop.Wrote:
+        read = False
+        if action.read_previous and action.publish is not None:
             own = self.last_report
-            if pending is not None and not self.previous_read and now >= next_write and self._load_previous():
-                # The API was down when the probe ran, so it could not keep the Node's verdict. If the
-                # probe concluded nothing and the Node has a verdict, probe again with it instead of
-                # writing "no verdict" over it; else the probe's own report stays the one to compare with.
-                had = (self.last_report or {}).get("labels") or {}
-                if contract.LABEL_BACKEND not in pending[0] and contract.LABEL_BACKEND in had:
+            read = self._load_previous()
+            if read:
+                # The API was down when the probe ran, so it could not keep the Node's verdict.
+                if loop.node_verdict_wins(action.publish.labels, self.last_report):
                     log.info("earlier verdict found on node %s; probing again to keep it", self.publisher.node_name)
-                    pending = None
-                    self.request("previous-report")
-                    continue
-                self.last_report = own
-            if (pending is not None or clear is not None) and now >= next_write:
+                    return loop.Wrote("superseded", previous_read=True)
+                self.last_report = own  # else the probe's own report stays the one to compare with
+        published = False
+        try:
+            if action.publish is not None:
+                changes = self.publisher.publish(action.publish.labels, action.publish.report_text)
+                published = True
+                self.metrics.record_labels(action.publish.labels)
+                log.info("published on node %s: %s", self.publisher.node_name, changes or "no label change")
+            if action.clear is not None:
+                cleared = self.publisher.clear_reprobe(action.clear)
+                log.info("reprobe annotation %s", "cleared" if cleared else "changed meanwhile; kept")
+                if cleared:
+                    self.inbox.cleared(action.clear)
+        except PublishError as exc:
+            self.metrics.publish_failures.labels(error=type(exc).__name__).inc()
+            return loop.Wrote("failed", previous_read=read, published=published, error=str(exc))
+        return loop.Wrote("written", previous_read=read, published=published, cleared=action.clear is not None)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> int:
+        """Probe, publish and re-probe until ``stop``: one loop over ``loop.step``'s actions."""
+        timing, clock = self.timing, self.clock
+        previous_read = self._load_previous()
+        threading.Thread(target=self._watch, args=(stop,), name="node-watch", daemon=True).start()
+        self.inbox.put("start")
+        state = loop.initial(clock.monotonic(), self.hw.driver_version(), previous_read, timing)
+        while True:
+            self.health.beat()
+            triggers, reprobe = self.inbox.take()
+            state = loop.arrive(state, (*triggers, *(("stop",) if stop.is_set() else ())), reprobe)
+            state, action = loop.step(state, clock.monotonic(), timing)
+            if isinstance(action, loop.Stop):
+                break
+            if isinstance(action, loop.Probe):
                 try:
-                    if pending is not None:
-                        changes = self.publisher.publish(*pending)
-                        self.metrics.record_labels(pending[0])
-                        log.info("published on node %s: %s", self.publisher.node_name, changes or "no label change")
-                        pending = None
-                    if clear is not None:
-                        cleared = self.publisher.clear_reprobe(clear)
-                        log.info("reprobe annotation %s", "cleared" if cleared else "changed meanwhile; kept")
-                        if cleared:
-                            with self._lock:  # the same value set again later is a new request
-                                if self._reprobe_seen == clear:
-                                    self._reprobe_seen = None
-                        clear = None
-                    publish_backoff.reset()
-                except PublishError as exc:
-                    self.metrics.publish_failures.labels(error=type(exc).__name__).inc()
-                    delay = publish_backoff.next_delay()
-                    log.warning("cannot write to node %s (%s); retry in %.1fs", self.publisher.node_name, exc, delay)
-                    next_write = time.monotonic() + delay
-            self.metrics.publish_pending.set(1 if pending is not None else 0)
-
-            now = time.monotonic()
-            if now >= next_driver:
-                next_driver = now + cfg.driver_check_s
+                    result = self._probe(action, stop)
+                except Exception:
+                    state = loop.probe_failed(state, clock.monotonic(), action, timing, self.jitter())
+                    wait = state.probe_hold_until - clock.monotonic()
+                    log.exception("probe failed unexpectedly; retrying later (in %.0fs)", wait)
+                    continue
+                if result is None:
+                    break
+                publish = loop.Publish(result.labels, report_mod.dumps(result.report))
+                state = loop.probed(state, clock.monotonic(), action, result.verdict.status, publish, timing)
+                if state.probe_timer == "retry":
+                    log.info("degraded probe: next probe in %.0fs (--retry-interval)", timing.degraded_wait_s)
+            elif isinstance(action, loop.Write):
+                wrote = self._write(action)
+                state = loop.wrote(state, clock.monotonic(), wrote, timing, self.jitter())
+                if wrote.outcome == "failed":
+                    delay = state.write_at - clock.monotonic()
+                    node = self.publisher.node_name
+                    log.warning("cannot write to node %s (%s); retry in %.1fs", node, wrote.error, delay)
+            elif isinstance(action, loop.CheckDriver):
                 current = self.hw.driver_version()
-                if current is not None and current != driver:
-                    log.info("driver version changed: %s -> %s", driver, current)
-                    driver = current
-                    self.request("driver-change")
-            if now >= next_interval:
-                next_interval = now + cfg.interval_s
-                self.request("interval")
-
-            deadlines = [next_driver, next_interval]
-            if pending is not None or clear is not None:
-                deadlines.append(next_write)
-            if next_probe_retry > now:
-                deadlines.append(next_probe_retry)
-            wait = min(deadlines) - time.monotonic()
-            self._wake.wait(max(0.05, min(wait, 5.0)) if math.isfinite(wait) else 5.0)
-            self._wake.clear()
+                before, state = state.driver, loop.driver_read(state, current)
+                if state.driver != before:
+                    log.info("driver version changed: %s -> %s", before, current)
+            else:
+                clock.wait(self.inbox.wake, action.until - clock.monotonic())
+                self.inbox.wake.clear()
+            self.metrics.publish_pending.set(1 if state.publish is not None else 0)
         log.info("stopping")
         return 0
 

@@ -3,7 +3,8 @@
 Metrics (own registry, plus the process collector: ``process_resident_memory_bytes`` is the
 agent's RSS):
 
-``fiar_agent_probes_total{trigger,status}``            probes run, by trigger and ok/degraded
+``fiar_agent_probes_total{trigger,status}``            probes run, by trigger (``loop.Trigger``, joined
+                                                       by ``+`` when several) and ok/degraded
 ``fiar_agent_probe_duration_seconds``                  length of the last probe
 ``fiar_agent_last_probe_timestamp_seconds``            when the last probe finished
 ``fiar_agent_label{key,value}``                        1 for each label value currently published
@@ -27,14 +28,18 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import fiar_contract as contract
 from node_agent.errors import ConfigError
+
+if TYPE_CHECKING:
+    from node_agent.probe import ProbeResult
 
 
 class Health:
@@ -72,15 +77,15 @@ class AgentMetrics:
         self.publish_pending = Gauge("fiar_agent_publish_pending", "1 while a verdict waits for the API.", registry=r)
         self.reprobe_requests = Counter("fiar_agent_reprobe_requests", "fiar.io/reprobe requests seen.", registry=r)
 
-    def record_probe(self, trigger: str, report: dict[str, Any]) -> None:
-        self.probes.labels(trigger=trigger, status=report["status"]).inc()
-        self.probe_duration.set(float(report["duration_s"]))
+    def record_probe(self, trigger: str, result: ProbeResult) -> None:
+        self.probes.labels(trigger=trigger, status=result.verdict.status).inc()
+        self.probe_duration.set(round(result.duration_s, 3))
         self.last_probe.set(time.time())
-        for backend, test in report.get("tests", {}).items():
-            for step, seconds in test.get("steps", {}).items():
+        for backend, outcome in result.tests.items():
+            for step, seconds in outcome.steps.items():
                 self.smoke_step.labels(backend=backend, step=step).set(float(seconds))
 
-    def record_labels(self, labels: dict[str, str]) -> None:
+    def record_labels(self, labels: Mapping[str, str]) -> None:
         self.label.clear()
         for key in contract.AGENT_LABELS:
             if key in labels:

@@ -97,8 +97,15 @@ class ProbeConfig:
 @dataclass(frozen=True)
 class ProbeResult:
     report: dict[str, Any]
+    """The JSON document (``report.build``): written to the annotation or printed, never read back here."""
     verdict: Verdict
     inventory: Inventory | None
+    tests: Mapping[contract.Backend, SmokeOutcome]
+    policy: HostPolicy
+    hardware: str
+    started_at: float
+    """Wall-clock time the probe started (the report's ``probe_time``)."""
+    duration_s: float
 
     @property
     def labels(self) -> dict[str, str]:
@@ -222,7 +229,7 @@ def probe(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     heartbeat: Callable[[], None] | None = None,
-    previous: Mapping[str, Any] | None = None,
+    previous: report_mod.PreviousReport | None = None,
     node: str | None = None,
     environ: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
@@ -285,10 +292,11 @@ def probe(
         say(f"{backend}: {outcome.result}" + (f" ({outcome.reason})" if outcome.reason else ""))
 
     verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error, previous=kept)
+    duration_s = time.monotonic() - t0
     doc = report_mod.build(
         hardware=hw.description,
         started_at=started,
-        duration_s=time.monotonic() - t0,
+        duration_s=duration_s,
         inv=inv,
         inventory_error=inventory_error,
         policy=policy,
@@ -298,4 +306,13 @@ def probe(
         config=config.to_dict(),
         node=node,
     )
-    return ProbeResult(report=doc, verdict=verdict, inventory=inv)
+    return ProbeResult(
+        report=doc,
+        verdict=verdict,
+        inventory=inv,
+        tests=tests,
+        policy=policy,
+        hardware=hw.description,
+        started_at=started,
+        duration_s=duration_s,
+    )

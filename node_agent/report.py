@@ -25,7 +25,9 @@ Schema ``fiar.io/probe-report``, version 1. Top-level keys:
 
 The annotation is kept compact (no whitespace) and well under Kubernetes' 256 KiB budget for all
 annotations of an object. Reading one back (``parse``) never raises: an annotation that is too
-large, not JSON, nested too deeply, of another version or of the wrong shape is no report.
+large, not JSON, nested too deeply, of another version or of the wrong shape is no report. The
+agent reads an earlier report once, into a ``PreviousReport`` (``PreviousReport.parse``): the
+document is a dict only here, where JSON is written and read.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import fiar_contract as contract
 from node_agent import __version__
@@ -41,6 +44,9 @@ from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SmokeOutcome
 from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
+
+if TYPE_CHECKING:
+    from node_agent.probe import ProbeResult
 
 SCHEMA = "fiar.io/probe-report"
 VERSION = 1
@@ -185,47 +191,115 @@ def loads(text: str | None) -> dict[str, Any] | None:
     return parse(text)[0]
 
 
-def reusable_tests(previous: Mapping[str, Any] | None, fingerprint: str) -> dict[contract.Backend, SmokeOutcome]:
-    """Conclusive test results of an earlier report for the same driver and GPUs."""
-    if not previous or previous.get("fingerprint") != fingerprint:
-        return {}
+_UNREADABLE_TEST = (ValueError, KeyError, TypeError, AttributeError, ArithmeticError)
+"""What ``SmokeOutcome.from_dict`` raises for a hostile entry (``int(1e999)`` is an OverflowError)."""
+
+
+@dataclass(frozen=True)
+class PreviousReport:
+    """What the agent reads back from an earlier report: parsed once (``PreviousReport.parse``) from
+    the Node's annotation, or taken from the agent's own last probe (``of_probe``).
+
+    ``tests`` holds the entries that could be read (one that does not parse, or whose step times or
+    latencies are not numbers, is left out); ``labels`` the label
+    values that are strings; ``multicast_forbidden`` is None when the report's host policy is not a
+    boolean (such a report matches no host policy)."""
+
+    probe_time: str
+    fingerprint: str | None
+    labels: Mapping[str, str]
+    multicast_forbidden: bool | None
+    tests: Mapping[contract.Backend, SmokeOutcome]
+    labels_kept_from: str | None = None
+
+    @property
+    def has_verdict(self) -> bool:
+        """Whether the report wrote ``fiar.io/backend``."""
+        return contract.LABEL_BACKEND in self.labels
+
+    @classmethod
+    def parse(cls, text: str | None) -> tuple[PreviousReport | None, str | None]:
+        """(report, None), or (None, why it is not one); never raises, whatever the text."""
+        doc, why = parse(text)
+        if doc is None:
+            return None, why
+        probe_time = doc.get("probe_time")
+        if not isinstance(probe_time, str) or not probe_time:
+            return None, "no probe_time"
+        policy = doc.get("policy") or {}
+        forbidden = policy.get("multicast_forbidden")
+        kept_from = doc.get("labels_kept_from")
+        return (
+            cls(
+                probe_time=probe_time,
+                fingerprint=doc.get("fingerprint") or None,
+                labels={k: v for k, v in (doc.get("labels") or {}).items() if isinstance(v, str)},
+                multicast_forbidden=forbidden if isinstance(forbidden, bool) else None,
+                tests=_read_tests(doc.get("tests") or {}),
+                labels_kept_from=kept_from if isinstance(kept_from, str) and kept_from else None,
+            ),
+            None,
+        )
+
+    @classmethod
+    def of_probe(cls, result: ProbeResult) -> PreviousReport:
+        """The agent's own probe, as the next one compares with it."""
+        inv = result.inventory
+        return cls(
+            probe_time=rfc3339(result.started_at),
+            fingerprint=inv.fingerprint() if inv is not None else None,
+            labels=dict(result.verdict.labels),
+            multicast_forbidden=result.policy.multicast_forbidden,
+            tests=dict(result.tests),
+            labels_kept_from=result.verdict.kept_from,
+        )
+
+
+def _read_tests(raw: Mapping[str, Any]) -> dict[contract.Backend, SmokeOutcome]:
     found: dict[contract.Backend, SmokeOutcome] = {}
     for name in contract.BACKENDS:
-        raw = (previous.get("tests") or {}).get(name)
-        if not isinstance(raw, dict):
+        entry = raw.get(name)
+        if not isinstance(entry, dict):
             continue
         try:
-            outcome = SmokeOutcome.from_dict(name, raw)
-        except (ValueError, KeyError, TypeError, AttributeError):
+            outcome = SmokeOutcome.from_dict(name, entry)
+        except _UNREADABLE_TEST:
             continue
-        if outcome.result in ("pass", "fail") and not outcome.degraded:
-            when = outcome.reused_from or str(previous.get("probe_time"))
-            found[name] = SmokeOutcome.from_dict(name, {**raw, "reused_from": when})
+        if all(isinstance(v, (int, float)) for v in (*outcome.steps.values(), *outcome.latency_us.values())):
+            found[name] = outcome  # step times and latencies are numbers wherever they are read
     return found
 
 
+def reusable_tests(previous: PreviousReport | None, fingerprint: str) -> dict[contract.Backend, SmokeOutcome]:
+    """Conclusive test results of an earlier report for the same driver and GPUs."""
+    if previous is None or previous.fingerprint != fingerprint:
+        return {}
+    return {
+        name: replace(outcome, reused_from=outcome.reused_from or previous.probe_time)
+        for name, outcome in previous.tests.items()
+        if outcome.result in ("pass", "fail") and not outcome.degraded
+    }
+
+
 def previous_verdict(
-    previous: Mapping[str, Any] | None, fingerprint: str | None, multicast_forbidden: bool
+    previous: PreviousReport | None, fingerprint: str | None, multicast_forbidden: bool
 ) -> PreviousVerdict | None:
     """The verdict labels of an earlier report for the same driver, GPUs and host policy, if it wrote one.
 
     ``fingerprint`` None: the GPUs cannot be read now (NVML missing or failing, a driver mid-upgrade).
     Nothing says the hardware changed, so a report of the same host policy is taken, with its
     ``fiar.io/gpus`` and ``fiar.io/clique``; a driver or GPU change shows once the GPUs read again."""
-    if not previous or not previous.get("fingerprint"):
+    if previous is None or not previous.fingerprint:
         return None
-    if fingerprint is not None and previous.get("fingerprint") != fingerprint:
+    if fingerprint is not None and previous.fingerprint != fingerprint:
         return None
-    policy, labels = previous.get("policy"), previous.get("labels")
-    if not isinstance(policy, dict) or policy.get("multicast_forbidden") is not multicast_forbidden:
+    if previous.multicast_forbidden is not multicast_forbidden:
         return None
-    if not isinstance(labels, dict):
-        return None
+    labels = previous.labels
     kept = {k: labels[k] for k in VERDICT_LABELS if k in labels}
     if contract.LABEL_BACKEND not in kept or any(v not in _ALLOWED_VALUES[k] for k, v in kept.items()):
         return None
     # labels kept by an inconclusive probe still date from the probe that concluded them
-    origin = previous.get("labels_kept_from")
-    when = origin if isinstance(origin, str) and origin else previous.get("probe_time")
-    hardware = {k: str(labels[k]) for k in (contract.LABEL_GPUS, contract.LABEL_CLIQUE) if k in labels}
-    return PreviousVerdict(labels=kept, probe_time=str(when), hardware=hardware)
+    when = previous.labels_kept_from or previous.probe_time
+    hardware = {k: labels[k] for k in (contract.LABEL_GPUS, contract.LABEL_CLIQUE) if k in labels}
+    return PreviousVerdict(labels=kept, probe_time=when, hardware=hardware)

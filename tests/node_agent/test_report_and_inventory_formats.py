@@ -110,8 +110,75 @@ def test_odd_test_entries_of_a_previous_report_are_ignored() -> None:
     doc = json.loads(report.dumps(result.report))
     doc["tests"]["trtllm"]["bench"] = ["not a point"]
     doc["labels"]["fiar.io/backend"] = "definitely"
-    parsed = report.loads(json.dumps(doc))
-    assert parsed is not None
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
     fingerprint = result.report["fingerprint"]
     assert report.reusable_tests(parsed, fingerprint) == {}
     assert report.previous_verdict(parsed, fingerprint, True) is None, "a label value outside the contract"
+
+
+def test_a_test_entry_with_a_number_too_large_for_an_int_is_left_out_without_a_traceback() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    doc["tests"]["trtllm"]["devices"] = [1e999]  # valid JSON; int() of it raises OverflowError
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
+    assert set(parsed.tests) == {"mnnvl"}, "the odd entry is left out, the other one kept"
+    assert report.reusable_tests(parsed, result.report["fingerprint"]) == {}
+
+
+@pytest.mark.parametrize("steps", [{"import": "x"}, {"import": None}, {"import": [1]}])
+def test_a_test_entry_whose_step_times_are_not_numbers_is_left_out(steps: dict[str, Any]) -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    doc["tests"]["trtllm"]["steps"] = steps
+    parsed, why = report.PreviousReport.parse(json.dumps(doc))
+    assert parsed is not None, why
+    assert set(parsed.tests) == {"mnnvl"}
+
+
+def test_a_report_without_a_probe_time_is_no_previous_report() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    doc = json.loads(report.dumps(result.report))
+    del doc["probe_time"]
+    assert report.PreviousReport.parse(json.dumps(doc)) == (None, "no probe_time")
+
+
+def test_a_previous_report_read_back_from_the_annotation_equals_the_probe_it_came_from() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
+    parsed, why = report.PreviousReport.parse(report.dumps(result.report))
+    assert parsed == report.PreviousReport.of_probe(result), why
+
+
+ODD_VALUES: list[Any] = [None, True, -1, 1e999, "x", "9" * 5000, [], {}, [1e999], {"a": None}, [["x"]]]
+
+
+def _field_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found: list[tuple[Any, ...]] = []
+    children = doc.items() if isinstance(doc, dict) else enumerate(doc[:2]) if isinstance(doc, list) else ()
+    for key, value in children:
+        found.append((*prefix, key))
+        found += _field_paths(value, (*prefix, key))
+    return found
+
+
+def test_any_field_of_a_report_set_to_an_odd_value_is_read_without_a_traceback() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(benchmark=False), environ={})
+    fingerprint = result.report["fingerprint"]
+    base = json.loads(report.dumps(result.report))
+    variants = 0
+    for path in _field_paths(base):
+        for value in ODD_VALUES:
+            doc = json.loads(json.dumps(base))
+            parent = doc
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = value
+            parsed, why = report.PreviousReport.parse(json.dumps(doc))
+            assert parsed is not None or why
+            report.reusable_tests(parsed, fingerprint)
+            for policy in (True, False):
+                report.previous_verdict(parsed, fingerprint, policy)
+                report.previous_verdict(parsed, None, policy)
+            variants += 1
+    assert variants > 1000

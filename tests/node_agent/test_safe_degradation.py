@@ -95,7 +95,7 @@ def test_force_tests_busy_gpus(host_file: Callable[..., Path], recorder: Callabl
 
 def test_busy_gpus_keep_the_last_proven_result(host_file: Callable[..., Path]) -> None:
     idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
-    previous = report.loads(report.dumps(idle.report))
+    previous, _ = report.PreviousReport.parse(report.dumps(idle.report))
     busy = probe(SimulatedHardware(host_file("h200x2-host", _busy)), ProbeConfig(), environ={}, previous=previous)
     assert busy.labels == idle.labels
     assert busy.report["tests"]["trtllm"]["reused_from"] == idle.report["probe_time"]
@@ -110,7 +110,10 @@ def test_results_of_another_driver_are_not_reused(host_file: Callable[..., Path]
         doc["driver_version"] = "590.1"
 
     busy = probe(
-        SimulatedHardware(host_file("h200x2-host", busy_new_driver)), ProbeConfig(), environ={}, previous=idle.report
+        SimulatedHardware(host_file("h200x2-host", busy_new_driver)),
+        ProbeConfig(),
+        environ={},
+        previous=report.PreviousReport.of_probe(idle),
     )
     assert busy.labels[T] == "skipped"
 
@@ -160,7 +163,7 @@ def _no_torch(doc: dict[str, Any]) -> None:
 def test_inconclusive_probe_keeps_the_verdict_of_the_same_hardware(host_file: Callable[..., Path]) -> None:
     hour = iter([1_800_000_000.0, 1_800_003_600.0, 1_800_007_200.0]).__next__  # three probes an hour apart
     idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={}, clock=hour)
-    previous = report.loads(report.dumps(idle.report))
+    previous, _ = report.PreviousReport.parse(report.dumps(idle.report))
     broken = probe(
         SimulatedHardware(host_file("h200x2-host", _no_torch)), ProbeConfig(), environ={}, previous=previous, clock=hour
     )
@@ -174,7 +177,7 @@ def test_inconclusive_probe_keeps_the_verdict_of_the_same_hardware(host_file: Ca
         SimulatedHardware(host_file("h200x2-host", _busy)),
         ProbeConfig(),
         environ={},
-        previous=broken.report,
+        previous=report.PreviousReport.of_probe(broken),
         clock=hour,
     )
     assert again.labels == idle.labels
@@ -197,7 +200,10 @@ def test_inconclusive_probe_of_changed_hardware_or_policy_writes_no_backend(
 ) -> None:
     idle = probe(SimulatedHardware(host_file("h200x2-host")), ProbeConfig(), environ={})
     changed = probe(
-        SimulatedHardware(host_file("h200x2-host", change)), ProbeConfig(), environ={}, previous=idle.report
+        SimulatedHardware(host_file("h200x2-host", change)),
+        ProbeConfig(),
+        environ={},
+        previous=report.PreviousReport.of_probe(idle),
     )
     assert B not in changed.labels
     assert "labels_kept_from" not in changed.report
@@ -211,7 +217,7 @@ def test_unreadable_gpus_keep_the_verdict_until_they_read_again(host_file: Calla
         SimulatedHardware(host_file("h200x2-host", _sim(nvml="missing"))),
         ProbeConfig(),
         environ={},
-        previous=idle.report,
+        previous=report.PreviousReport.of_probe(idle),
     )
     assert blind.labels == idle.labels, "backend, tests and GPU count of the last readable probe"
     assert blind.report["labels_kept_from"] == idle.report["probe_time"] and blind.exit_code == 1
@@ -224,7 +230,7 @@ def test_unreadable_gpus_keep_the_verdict_until_they_read_again(host_file: Calla
         SimulatedHardware(host_file("h200x2-host", blind_and_lifted)),
         ProbeConfig(),
         environ={},
-        previous=idle.report,
+        previous=report.PreviousReport.of_probe(idle),
     )
     assert B not in other_policy.labels, "a changed host policy is a different verdict"
 
@@ -236,7 +242,10 @@ def test_conclusive_failure_replaces_a_kept_verdict(host_file: Callable[..., Pat
         doc["simulate"] = {"smoke": {"trtllm": {"outcome": "fail"}}}
 
     failed = probe(
-        SimulatedHardware(host_file("h200x2-host", failing)), ProbeConfig(), environ={}, previous=idle.report
+        SimulatedHardware(host_file("h200x2-host", failing)),
+        ProbeConfig(),
+        environ={},
+        previous=report.PreviousReport.of_probe(idle),
     )
     assert failed.labels[B] == "none"
     assert failed.labels[T] == "fail"
