@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 import fiar_contract as contract
+import fiar_kube
 from node_agent.report import PreviousReport
 from node_agent.verdict import Status
 
@@ -65,7 +66,7 @@ class Timing:
 def backoff_s(failures: int, initial: float, cap: float, jitter: float = 0.0) -> float:
     """The wait after ``failures`` failures in a row (1: the first): ``initial * 2**(failures-1)``,
     capped at ``cap``, times ``1 + jitter`` (the caller draws ``jitter`` from [-0.2, 0.2])."""
-    return min(cap, initial * 2.0 ** max(0, failures - 1)) * (1.0 + jitter)
+    return fiar_kube.backoff_delay(max(0, failures - 1), initial=initial, cap=cap, jitter=(jitter, jitter))
 
 
 @dataclass(frozen=True)

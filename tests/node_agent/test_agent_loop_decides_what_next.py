@@ -105,6 +105,10 @@ def test_jitter_spreads_a_wait_by_the_fraction_given() -> None:
     assert loop.backoff_s(10, 1.0, 60.0, jitter=-0.2) == pytest.approx(48.0)
 
 
+def test_a_wait_after_thousands_of_failed_writes_is_still_the_cap() -> None:
+    assert loop.backoff_s(5000, 1.0, 60.0) == 60.0
+
+
 def test_a_failed_probe_keeps_its_triggers_and_reprobe_and_backs_off_up_to_the_interval() -> None:
     timing = loop.Timing(interval_s=100.0, retry_interval_s=600.0, driver_check_s=1e9, api_backoff_max_s=60.0)
     state = loop.arrive(loop.initial(0.0, None, True, timing), ["start", "reprobe"], reprobe="now")
