@@ -16,22 +16,8 @@ Json = dict[str, Any]
 
 
 def backend_requirement(backends: Sequence[str]) -> Json:
+    """Nodes whose verdict is one of ``backends`` (which nodes verify what: ``nodefacts``)."""
     return {"key": contract.LABEL_BACKEND, "operator": "In", "values": list(backends)}
-
-
-def verified_requirements(backends: Sequence[str]) -> list[Json]:
-    """Requirements that admit exactly the nodes verifying one of ``backends`` (see decide.node_facts).
-
-    A node verifies trtllm when its verdict is trtllm, or when its verdict is mnnvl and its trtllm
-    test passed. With mnnvl allowed, the verdict alone decides; with trtllm only, the node needs a
-    verdict of mnnvl or trtllm and a passed trtllm test (the agent gives verdict trtllm only then).
-    """
-    if "mnnvl" in backends:
-        return [backend_requirement(backends)]
-    return [
-        backend_requirement(["mnnvl", "trtllm"]),
-        {"key": contract.LABEL_TRTLLM, "operator": "In", "values": ["pass"]},
-    ]
 
 
 def clique_requirement() -> Json:

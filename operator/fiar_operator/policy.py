@@ -36,7 +36,7 @@ LWS_SIZE: Final = "leaderworkerset.sigs.k8s.io/size"
 """Annotation LeaderWorkerSet puts on its pods: pods per group; > 1 means a multi-pod group."""
 
 DEFAULT_CONTAINERS: Final = ("*",)
-DEFAULT_BACKENDS: Final[tuple[contract.Backend, ...]] = ("mnnvl", "trtllm")
+DEFAULT_BACKENDS: Final[tuple[contract.Backend, ...]] = contract.BACKENDS
 
 
 @dataclass(frozen=True)
