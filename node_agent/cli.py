@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from node_agent import __version__, childproc
+from node_agent import __version__, backends, childproc
 from node_agent.errors import AgentError, ConfigError, HardwareError
 from node_agent.hardware import Hardware, NvmlHardware, SimulatedHardware
 from node_agent.kernel_cache import DEFAULT_SEED
@@ -215,13 +215,13 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     policy = resolve([("env", os.environ)], args.forbid_multicast)
-    backends = ["trtllm"] if policy.multicast_forbidden else ["trtllm", "mnnvl"]
-    extra = dict(policy.child_env("trtllm"))
+    names = [b.name for b in backends.allowed(policy.multicast_forbidden)]
+    extra = {k: v for name in names for k, v in policy.child_env(name).items()}  # one child builds them all
     if args.arch:
         extra["FLASHINFER_CUDA_ARCH_LIST"] = args.arch
-    _stderr(f"prebuild: {', '.join(backends)} (a cold build takes minutes)")
+    _stderr(f"prebuild: {', '.join(names)} (a cold build takes minutes)")
     result = childproc.run_child(
-        [sys.executable, "-m", "node_agent.smoke.prebuild", "--backends", ",".join(backends)],
+        [sys.executable, "-m", "node_agent.smoke.prebuild", "--backends", ",".join(names)],
         env=childproc.child_env(extra),
         timeout_s=args.timeout,
     )

@@ -1,0 +1,62 @@
+"""The agent's backend table is the one place per backend: it follows the contract, and the probe,
+the smoke workers, prebuild and the verdict read it."""
+
+from __future__ import annotations
+
+import pytest
+
+import fiar_contract as contract
+from node_agent import backends, probe, verdict
+from node_agent.policy import HostPolicy, refusal
+from node_agent.smoke import simworker, worker
+
+
+def test_the_table_has_one_row_per_contract_backend_in_order_of_preference() -> None:
+    assert backends.NAMES == contract.BACKENDS
+    assert [b.name for b in backends.TABLE] == list(contract.BACKENDS)
+
+
+def test_every_world_size_is_a_power_of_two_and_every_backend_runs_on_two_gpus() -> None:
+    for spec in backends.TABLE:
+        assert spec.world_sizes == tuple(sorted(set(spec.world_sizes)))
+        assert all(n >= 2 and n & (n - 1) == 0 for n in spec.world_sizes)
+        assert spec.world_sizes[0] == 2  # the probe tests every backend from two GPUs on
+
+
+@pytest.mark.parametrize("spec", backends.TABLE, ids=lambda s: s.name)
+def test_the_probe_uses_the_largest_world_size_of_the_row(spec: backends.BackendSpec) -> None:
+    assert probe.world_size(spec.name, 1) is None
+    assert probe.world_size(spec.name, 2) == 2
+    assert probe.world_size(spec.name, 3) == 2
+    assert probe.world_size(spec.name, 1000) == spec.world_sizes[-1]
+
+
+def test_a_host_that_forbids_multicast_tests_and_prebuilds_only_backends_without_it() -> None:
+    assert backends.allowed(False) == backends.TABLE
+    assert [b.name for b in backends.allowed(True)] == [b.name for b in backends.TABLE if not b.needs_multicast]
+    assert backends.MULTICAST_PROOF in [b.name for b in backends.TABLE if b.needs_multicast]
+    forbidding = {"NCCL_NVLS_ENABLE": "0"}
+    for spec in backends.TABLE:
+        assert (refusal(spec.name, forbidding) is not None) == spec.needs_multicast
+        assert refusal(spec.name, {}) is None
+
+
+def test_a_child_gets_the_rows_variables_and_the_host_policys() -> None:
+    for spec in backends.TABLE:
+        assert HostPolicy(False).child_env(spec.name) == dict(spec.child_env)
+        assert HostPolicy(True).child_env(spec.name) == {**contract.HOST_POLICY_ENV, **dict(spec.child_env)}
+
+
+def test_the_workers_accept_exactly_the_tables_backends() -> None:
+    for name in backends.NAMES:
+        assert worker.parse_args(["--backend", name]).backend == name
+    with pytest.raises(SystemExit):
+        worker.parse_args(["--backend", "nvls"])
+    with pytest.raises(SystemExit):
+        simworker.main(["--fixture", "x.json", "--backend", "nvls"])
+
+
+def test_the_verdict_writes_one_result_label_per_row() -> None:
+    assert verdict.VERDICT_LABELS[2:] == tuple(contract.result_label(b) for b in backends.NAMES)
+    assert set(contract.RESULT_LABELS) <= set(contract.AGENT_LABELS)
+
