@@ -1,14 +1,20 @@
 """The agent's backend table is the one place per backend: it follows the contract, and the probe,
-the smoke workers, prebuild and the verdict read it."""
+the smoke workers, prebuild and the verdict read it. Other facts the agent used to state twice
+(command-line defaults, benchmark sizes, terminal statuses) are checked to have one source too."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 import fiar_contract as contract
-from node_agent import backends, probe, verdict
+from node_agent import backends, cli, probe, verdict
+from node_agent.daemon import DaemonConfig
 from node_agent.policy import HostPolicy, refusal
-from node_agent.smoke import simworker, worker
+from node_agent.probe import ProbeConfig
+from node_agent.smoke import events, simworker, worker
+from node_agent.smoke.outcome import SmokeRequest
 
 
 def test_the_table_has_one_row_per_contract_backend_in_order_of_preference() -> None:
@@ -60,3 +66,22 @@ def test_the_verdict_writes_one_result_label_per_row() -> None:
     assert verdict.VERDICT_LABELS[2:] == tuple(contract.result_label(b) for b in backends.NAMES)
     assert set(contract.RESULT_LABELS) <= set(contract.AGENT_LABELS)
 
+
+def test_the_cli_takes_its_defaults_from_the_config_dataclasses() -> None:
+    args = cli.build_parser().parse_args(["run", "--node-name", "n"])
+    assert cli.probe_config(args) == ProbeConfig()
+    config = DaemonConfig.from_args(args, ProbeConfig())
+    assert dataclasses.replace(config, kubeconfig=None, kernel_cache=None) == DaemonConfig(
+        node_name="n", kubeconfig=None, probe=ProbeConfig()
+    )
+
+
+def test_the_worker_takes_its_sizes_from_the_launchers_request() -> None:
+    args = worker.parse_args(["--backend", backends.NAMES[0]])
+    request = SmokeRequest(backend=backends.NAMES[0], devices=(0, 1), timeout_s=1.0)
+    assert (args.hidden, args.tokens, args.iters) == (request.hidden, request.tokens, request.iters)
+    assert (args.bench_hidden, args.bench_tokens) == (request.bench_hidden, request.bench_tokens)
+
+
+def test_every_failure_status_ends_a_rank() -> None:
+    assert set(events.FAILURE_STATUSES) | {"done"} == events.TERMINAL
