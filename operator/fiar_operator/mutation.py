@@ -190,7 +190,7 @@ def _placement_ops(policy: Policy, pod: Mapping[str, Any], multi: bool, warnings
         else:
             warnings.append(f"multi-pod group without label {policy.group_key_label}: not kept in one NVLink clique")
     else:
-        wanted = affinity.merge_node_requirements(current, nodefacts.verified_requirements(policy.backends))
+        wanted = affinity.merge_node_alternatives(current, nodefacts.verified_alternatives(policy.backends))
     return [] if wanted == current else [{"op": "add", "path": "/spec/affinity", "value": wanted}]
 
 

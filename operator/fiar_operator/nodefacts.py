@@ -66,25 +66,27 @@ def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
     return NodeFacts(name, verdict, verified, clique(labels), runs)
 
 
-def verified_requirements(backends: Sequence[contract.Backend]) -> list[Json]:
-    """Node-selector requirements (ANDed) that admit the nodes verifying one of ``backends``.
+def _verifies(backend: contract.Backend) -> list[Json]:
+    """Requirements (ANDed) of the nodes that verify ``backend``: a verdict no worse than it, and its
+    test passed (implied where the verdict is the backend itself, the only one no worse than it)."""
+    no_worse = list(contract.BACKENDS[: contract.BACKENDS.index(backend) + 1])
+    if no_worse == [backend]:
+        return [backend_requirement(no_worse)]
+    passed = {"key": contract.result_label(backend), "operator": "In", "values": ["pass"]}
+    return [backend_requirement(no_worse), passed]
 
-    Exact when ``backends`` holds every backend preferred over its least preferred member (the
-    verdict alone decides), or one backend (a verdict no worse than it and its test passed): with
-    the contract's two backends, every allowed list is one of these. Any other list gets the nodes
-    whose verdict is no worse than its least preferred member: a superset, so a pod is never left
-    unschedulable, and on a node that verifies none of them it gets the fallback with the fusion off.
+
+def verified_alternatives(backends: Sequence[contract.Backend]) -> list[list[Json]]:
+    """The placement rule: alternatives (ORed) of node-selector requirements (ANDed) that admit exactly
+    the nodes verifying one of ``backends``.
+
+    Where ``backends`` holds every backend preferred over its least preferred member, the verdict
+    alone decides (one requirement); otherwise one alternative per backend.
     """
     last = max(contract.BACKENDS.index(b) for b in backends)
-    candidates = list(contract.BACKENDS[: last + 1])
-    if set(backends) == set(candidates):
-        return [backend_requirement(backends)]
-    if len(backends) == 1:
-        return [
-            backend_requirement(candidates),
-            {"key": contract.result_label(backends[0]), "operator": "In", "values": ["pass"]},
-        ]
-    return [backend_requirement(candidates)]
+    if set(backends) == set(contract.BACKENDS[: last + 1]):
+        return [[backend_requirement(backends)]]
+    return [_verifies(b) for b in contract.BACKENDS if b in backends]
 
 
 def joins_group(facts: NodeFacts) -> bool:

@@ -13,7 +13,8 @@ import yaml
 
 import fiar_contract as contract
 from fiar_operator import decide, nodefacts, reconcile
-from fiar_operator.nodefacts import NodeFacts, group_break, node_facts, verified_requirements
+from fiar_operator.affinity import merge_node_alternatives
+from fiar_operator.nodefacts import NodeFacts, group_break, node_facts, verified_alternatives
 from fiar_operator.policy import DEFAULT_BACKENDS, parse_policy
 from fiar_operator.selectors import node_constraint
 
@@ -50,9 +51,9 @@ def allowed_lists() -> list[list[str]]:
 @pytest.mark.parametrize("backends", allowed_lists(), ids=",".join)
 def test_the_placement_rule_admits_exactly_the_nodes_that_verify_an_allowed_backend(backends: list[str]) -> None:
     policy = parse_policy({"metadata": {"name": "p"}, "spec": {"podSelector": {}, "backends": backends}})
-    terms = [{"matchExpressions": verified_requirements(policy.backends)}]
-    constraint = node_constraint({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": terms}}}})  # fmt: skip
+    affinity = merge_node_alternatives(None, verified_alternatives(policy.backends))
+    assert merge_node_alternatives(affinity, verified_alternatives(policy.backends)) == affinity
+    constraint = node_constraint({"affinity": affinity})
     nodes = fleet()
     admitted = {name for name, labels in nodes.items() if constraint.admits(labels)}
     verifying = {name for name, labels in nodes.items() if decide.verified_for(policy, node_facts(name, labels))}
