@@ -101,10 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run the node daemon",
         description="Probe this node, label its own Node, re-probe on the interval, a driver change or "
-        "fiar.io/reprobe. A probe in which no backend passed but one could not be tested (GPUs busy, "
-        "torch/FlashInfer missing, kernels not built) or the GPUs could not be read never writes "
-        "fiar.io/backend=none: it keeps the previous verdict of the same hardware, or leaves "
-        "fiar.io/backend out; the next probe then comes after --retry-interval.",
+        "fiar.io/reprobe. A probe that cannot conclude (a backend could not be tested, or the GPUs could "
+        "not be read) never writes fiar.io/backend=none (docs/DESIGN.md#verdict-none); the next probe then "
+        "comes after --retry-interval.",
         epilog=EPILOG,
     )
     _add_probe_options(r)
