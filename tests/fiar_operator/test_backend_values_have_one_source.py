@@ -3,6 +3,7 @@ the CRD and chart schemas follow it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ import fiar_contract as contract
 from fiar_operator import decide, nodefacts, reconcile
 from fiar_operator.affinity import merge_node_alternatives
 from fiar_operator.nodefacts import NodeFacts, group_break, node_facts, verified_alternatives
-from fiar_operator.policy import DEFAULT_BACKENDS, parse_policy
+from fiar_operator.policy import DEFAULT, DEFAULT_BACKENDS, parse_policy
 from fiar_operator.selectors import node_constraint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +137,31 @@ def test_the_charts_values_schema_and_default_policy_list_the_contracts_values()
     assert spec["fallbackBackend"]["enum"] == list(contract.ENV_VALUES)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["defaultPolicy"]["spec"]["backends"] == list(contract.BACKENDS)
+
+
+SPEC_FIELDS = {
+    "containers": "containers",
+    "backends": "backends",
+    "fallbackBackend": "fallback",
+    "placement": "placement",
+    "respectExplicitEnv": "respect_explicit_env",
+    "mode": "mode",
+    "priority": "priority",
+    "multiNode": "multi_node",
+    "groupKeyLabel": "group_key_label",
+    "fusionControl": "fusion_control",
+    "respectExplicitFusion": "respect_explicit_fusion",
+    "imexChannel": "imex_channel",
+    "imexChannelClaims": "imex_claims",
+}
+
+
+def test_the_crds_defaults_are_the_policy_dataclasss_defaults() -> None:
+    spec = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    crd_defaults = {key: prop["default"] for key, prop in spec["properties"].items() if "default" in prop}
+    assert set(crd_defaults) - {"namespaceSelector"} == set(SPEC_FIELDS)
+    for key, name in SPEC_FIELDS.items():
+        value = getattr(DEFAULT, name)
+        assert crd_defaults[key] == (list(value) if isinstance(value, tuple) else value), key
+    read = parse_policy({"metadata": {"name": "p"}, "spec": {"podSelector": {}}})
+    assert dataclasses.replace(read, name="") == DEFAULT
