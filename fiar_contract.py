@@ -37,6 +37,7 @@ def result_label(backend: Backend) -> str:
 
 
 RESULT_LABELS: Final = tuple(result_label(b) for b in BACKENDS)
+"""The smoke-test result label of every backend, in order of preference."""
 LABEL_MNNVL: Final = result_label("mnnvl")
 LABEL_TRTLLM: Final = result_label("trtllm")
 LABEL_GPUS: Final = "fiar.io/gpus"

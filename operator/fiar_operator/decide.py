@@ -1,17 +1,16 @@
 """Which backend a managed pod gets on a node, and whether vLLM's FlashInfer allreduce fusion runs:
 pure functions over node labels, the pod's group and its policy.
 
-A node *verifies* a backend when the agent's verdict label names it, or when the verdict is
-``mnnvl`` and the trtllm smoke test also passed. A pod gets the first backend of its policy's
-``backends`` that its node verifies (reason ``Verified``); only then does the fusion run as the
-container itself configures it (``fusion: on``). Everywhere else the fusion is off (``fusion: off``:
-fiar turns vLLM's AR+RMSNorm fusion pass and the standalone FlashInfer allreduce, which shares its
-workspace, off in the containers whose command it can change), because vLLM's own guess there is the
-crash or the crawl (vLLM #48071: 0.25-0.26 crash at CUDA-graph capture, 0.27-0.33 fall back to a
-trtllm path reported 10-34x slower than no fusion). The backend value still matters for a container
-whose fusion cannot be turned off: on a node whose trtllm smoke test ran it gets ``trtllm``, which
-runs, else the policy's ``fallbackBackend``. A policy with ``fusionControl: Disabled`` leaves the
-fusion on everywhere.
+Which backends a node *verifies* is read from its labels by ``nodefacts``. A pod gets the first
+backend of its policy's ``backends`` that its node verifies (reason ``Verified``); only then does
+the fusion run as the container itself configures it (``fusion: on``). Everywhere else the fusion is
+off (``fusion: off``: fiar turns vLLM's AR+RMSNorm fusion pass and the standalone FlashInfer
+allreduce, which shares its workspace, off in the containers whose command it can change), because
+vLLM's own guess there is the crash or the crawl (vLLM #48071: 0.25-0.26 crash at CUDA-graph
+capture, 0.27-0.33 fall back to a trtllm path reported 10-34x slower than no fusion). The backend
+value still matters for a container whose fusion cannot be turned off: on a node whose trtllm smoke
+test ran it gets ``trtllm``, which runs, else the policy's ``fallbackBackend``. A policy with
+``fusionControl: Disabled`` leaves the fusion on everywhere.
 
 A multi-pod group (a LeaderWorkerSet group of size > 1, or every pod of a policy with
 ``multiNode: Always``) spans pods, which vLLM treats as separate nodes: trtllm then raises, so only
