@@ -5,6 +5,11 @@ the smoke workers, prebuild and the verdict read it. Other facts the agent used 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +90,41 @@ def test_the_worker_takes_its_sizes_from_the_launchers_request() -> None:
 
 def test_every_failure_status_ends_a_rank() -> None:
     assert set(events.FAILURE_STATUSES) | {"done"} == events.TERMINAL
+
+
+FAKE_MODULE = """
+class Spec:
+    def __init__(self, name):
+        self.name, self.is_aot = name, True
+
+    def get_library_path(self):
+        return "/aot/" + self.name + ".so"
+
+
+def {gen}():
+    return Spec("{name}")
+
+
+def {load}():
+    raise AssertionError("prebuild builds, it never loads")
+"""
+
+
+def test_prebuild_finds_each_rows_module_by_flashinfers_names(tmp_path: Path) -> None:
+    # A stand-in FlashInfer with the module and function names of FlashInfer 0.6 (flashinfer/comm/).
+    comm = tmp_path / "flashinfer" / "comm"
+    comm.mkdir(parents=True)
+    (tmp_path / "flashinfer" / "__init__.py").write_text("")
+    (comm / "__init__.py").write_text("")
+    for module, name in (("trtllm_ar", "trtllm_comm"), ("trtllm_mnnvl_ar", "trtllm_mnnvl_comm")):
+        text = FAKE_MODULE.format(gen=f"gen_{name}_module", load=f"get_{name}_module", name=name)
+        (comm / f"{module}.py").write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    out = subprocess.run(
+        [sys.executable, "-m", "node_agent.smoke.prebuild"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout)["modules"]
+    assert list(modules) == list(backends.NAMES)
+    assert {name: m["source"] for name, m in modules.items()} == dict.fromkeys(backends.NAMES, "aot")
+    assert modules["mnnvl"]["module"] == "trtllm_mnnvl_comm" and modules["trtllm"]["module"] == "trtllm_comm"
