@@ -11,14 +11,35 @@ from typing import Final, Literal
 
 PREFIX: Final = "fiar.io/"
 
+# -- Backends: the one list. A new backend value starts here (docs/DESIGN.md#adding-a-backend) ---------
+Backend = Literal["mnnvl", "trtllm"]
+"""A FlashInfer allreduce backend the agent tests and a policy may allow."""
+BACKENDS: Final[tuple[Backend, ...]] = ("mnnvl", "trtllm")
+"""In order of preference: the agent tests them in this order and its verdict is the first that
+passed; a policy's default ``backends``."""
+NO_BACKEND: Final = "none"
+"""The verdict of a node that verified no backend (only from a conclusive probe: docs/DESIGN.md#verdict-none)."""
+AUTO: Final = "auto"
+"""vLLM's own choice: the only value of ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` that is not a backend."""
+Verdict = Literal[Backend, "none"]
+EnvValue = Literal["auto", Backend]
+
 # -- Node labels, written by the agent on its own Node only -----------------------------------------
 LABEL_BACKEND: Final = "fiar.io/backend"
 """The verified recommendation: one of BACKEND_VERDICTS."""
 LABEL_MULTICAST: Final = "fiar.io/multicast"
 """One of MULTICAST_STATES."""
-LABEL_MNNVL: Final = "fiar.io/mnnvl"
-LABEL_TRTLLM: Final = "fiar.io/trtllm"
-"""Smoke-test results: one of TEST_RESULTS."""
+
+
+def result_label(backend: Backend) -> str:
+    """The label holding ``backend``'s smoke-test result (one of TEST_RESULTS): ``fiar.io/<backend>``."""
+    return PREFIX + backend
+
+
+RESULT_LABELS: Final = tuple(result_label(b) for b in BACKENDS)
+"""The smoke-test result label of every backend, in order of preference."""
+LABEL_MNNVL: Final = result_label("mnnvl")
+LABEL_TRTLLM: Final = result_label("trtllm")
 LABEL_GPUS: Final = "fiar.io/gpus"
 """Number of GPUs, as a decimal string."""
 LABEL_CLIQUE: Final = "fiar.io/clique"
@@ -27,7 +48,7 @@ LABEL_CLIQUE: Final = "fiar.io/clique"
 LABEL_GFD_CLIQUE: Final = "nvidia.com/gpu.clique"
 """The same ``<clusterUUID>.<cliqueId>``, written by NVIDIA GPU Feature Discovery; read, never written."""
 
-AGENT_LABELS: Final = (LABEL_BACKEND, LABEL_MULTICAST, LABEL_MNNVL, LABEL_TRTLLM, LABEL_GPUS, LABEL_CLIQUE)
+AGENT_LABELS: Final = (LABEL_BACKEND, LABEL_MULTICAST, *RESULT_LABELS, LABEL_GPUS, LABEL_CLIQUE)
 
 # -- Node annotations ---------------------------------------------------------------------------------
 ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
@@ -62,17 +83,14 @@ IMEX_CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
 """DeviceClass of the IMEX channel a ComputeDomain (NVIDIA DRA driver) gives the pods that claim it."""
 
 # -- Values ----------------------------------------------------------------------------------------
-Backend = Literal["mnnvl", "trtllm"]
-Verdict = Literal["mnnvl", "trtllm", "none"]
-EnvValue = Literal["auto", "trtllm", "mnnvl"]
 Fusion = Literal["on", "off"]
 """on: the container's own fusion settings (vLLM's default unless it sets them); off: fiar turns it off."""
 Multicast = Literal["supported", "unsupported", "disabled", "unknown"]
 TestResult = Literal["pass", "fail", "timeout", "skipped"]
 
-BACKENDS: Final[tuple[Backend, ...]] = ("mnnvl", "trtllm")
-BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = ("mnnvl", "trtllm", "none")
-ENV_VALUES: Final[tuple[EnvValue, ...]] = ("auto", "trtllm", "mnnvl")
+BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = (*BACKENDS, NO_BACKEND)
+ENV_VALUES: Final[tuple[EnvValue, ...]] = (AUTO, *reversed(BACKENDS))
+"""``auto`` first, then the backends from the least preferred (the order the CRD lists them)."""
 MULTICAST_STATES: Final[tuple[Multicast, ...]] = ("supported", "unsupported", "disabled", "unknown")
 TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
 FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
@@ -84,6 +102,17 @@ HOST_POLICY_ENV: Final = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+
+def backend_value(raw: object) -> Backend | None:
+    """``raw`` as a backend, or None: a label or spec value is untrusted input."""
+    return next((b for b in BACKENDS if b == raw), None)
+
+
+def verdict_value(raw: object) -> Verdict | None:
+    """``raw`` (a ``fiar.io/backend`` label) as a verdict, or None when absent or not one of ours."""
+    return next((v for v in BACKEND_VERDICTS if v == raw), None)
+
 
 # -- Custom resource -----------------------------------------------------------------------------------
 GROUP: Final = "fiar.io"

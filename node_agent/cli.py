@@ -19,6 +19,8 @@ configuration). A degraded probe in which no test passed, failed or timed out pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -28,13 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
-from node_agent import __version__, childproc
+from node_agent import __version__, backends, childproc
+from node_agent.daemon import DaemonConfig
 from node_agent.errors import AgentError, ConfigError, HardwareError
 from node_agent.hardware import Hardware, NvmlHardware, SimulatedHardware
-from node_agent.kernel_cache import DEFAULT_SEED
 from node_agent.policy import resolve
 from node_agent.probe import ProbeConfig, ProbeResult, probe
-from node_agent.verdict import DEFAULT_BENCH_MARGIN
 
 EXIT_OK = 0
 EXIT_DEGRADED = 1
@@ -44,6 +45,11 @@ EPILOG = """exit codes (probe): 0 ok, 1 degraded (finished, but a step could not
 reasons), 2 error (invalid configuration). run: 0 after SIGTERM, 2 invalid configuration."""
 
 
+def _default(cls: type[Any], name: str) -> Any:
+    """The default of a config dataclass field: the one source of the option's default."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
 def _add_probe_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--simulate", metavar="FILE", help="probe a recorded or modelled host (JSON fixture) instead of this one"
@@ -51,23 +57,32 @@ def _add_probe_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forbid-multicast", action="store_true", help="treat multicast as forbidden by host policy")
     p.add_argument("--force", action="store_true", help="run smoke tests even when the GPUs are busy")
     p.add_argument(
-        "--timeout", type=float, default=900.0, metavar="S", help="hard timeout of one smoke test (default 900)"
+        "--timeout",
+        type=float,
+        default=_default(ProbeConfig, "timeout_s"),
+        metavar="S",
+        help="hard timeout of one smoke test (default %(default)g)",
     )
     p.add_argument("--gpus", type=int, metavar="N", help="ranks to test (power of two; default: all GPUs)")
     p.add_argument("--no-benchmark", action="store_true", help="skip the benchmark against NCCL allreduce")
     p.add_argument(
         "--bench-margin",
         type=float,
-        default=DEFAULT_BENCH_MARGIN,
+        default=_default(ProbeConfig, "bench_margin"),
         metavar="F",
-        help="do not recommend a backend slower than NCCL by more than this fraction (default 0.10)",
+        help="do not recommend a backend slower than NCCL by more than this fraction (default %(default).2f)",
     )
     p.add_argument(
         "--require-prebuilt",
         action="store_true",
         help="never compile kernels during a test; skip GPUs that FLASHINFER_CUDA_ARCH_LIST has no kernels for",
     )
-    p.add_argument("--iters", type=int, default=50, help="timed iterations per latency measurement (default 50)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=_default(ProbeConfig, "iters"),
+        help="timed iterations per latency measurement (default %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,27 +102,37 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run the node daemon",
         description="Probe this node, label its own Node, re-probe on the interval, a driver change or "
-        "fiar.io/reprobe. A probe in which no backend passed but one could not be tested (GPUs busy, "
-        "torch/FlashInfer missing, kernels not built) or the GPUs could not be read never writes "
-        "fiar.io/backend=none: it keeps the previous verdict of the same hardware, or leaves "
-        "fiar.io/backend out; the next probe then comes after --retry-interval.",
+        "fiar.io/reprobe. A probe that cannot conclude (a backend could not be tested, or the GPUs could "
+        "not be read) never writes fiar.io/backend=none (docs/DESIGN.md#verdict-none); the next probe then "
+        "comes after --retry-interval.",
         epilog=EPILOG,
     )
     _add_probe_options(r)
     r.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="own Node (default: $NODE_NAME)")
     r.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
-    r.add_argument("--interval", type=float, default=6 * 3600.0, metavar="S", help="re-probe interval (default 6h)")
+    d = functools.partial(_default, DaemonConfig)
+    r.add_argument(
+        "--interval", type=float, default=d("interval_s"), metavar="S", help="re-probe interval (default %(default)g)"
+    )
     r.add_argument(
         "--retry-interval",
         type=float,
-        default=600.0,
+        default=d("retry_interval_s"),
         metavar="S",
         help="re-probe interval after a degraded probe (a step could not answer; busy GPUs are still not "
-        "tested) (default 600)",
+        "tested) (default %(default)g)",
     )
-    r.add_argument("--driver-check", type=float, default=60.0, metavar="S", help="driver-version check interval")
-    r.add_argument("--metrics-addr", default="0.0.0.0:9400", help="HOST:PORT for /metrics and /healthz; '' disables")
-    r.add_argument("--api-backoff-max", type=float, default=60.0, metavar="S", help="longest wait between API retries")
+    r.add_argument(
+        "--driver-check", type=float, default=d("driver_check_s"), metavar="S", help="driver-version check interval"
+    )
+    r.add_argument("--metrics-addr", default=d("metrics_addr"), help="HOST:PORT for /metrics and /healthz; '' disables")
+    r.add_argument(
+        "--api-backoff-max",
+        type=float,
+        default=d("api_backoff_max_s"),
+        metavar="S",
+        help="longest wait between API retries",
+    )
     r.add_argument(
         "--kernel-cache",
         default=os.environ.get("FIAR_KERNEL_CACHE"),
@@ -116,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keyed by the seed's contents (default: $FIAR_KERNEL_CACHE; unset: FLASHINFER_WORKSPACE_BASE as given)",
     )
     r.add_argument(
-        "--kernel-seed", default=str(DEFAULT_SEED), metavar="DIR", help="the image's prebuilt kernels (read only)"
+        "--kernel-seed", default=d("kernel_seed"), metavar="DIR", help="the image's prebuilt kernels (read only)"
     )
 
     i = sub.add_parser("inventory", help="print this host in the recorded-host JSON format")
@@ -217,13 +242,13 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     policy = resolve([("env", os.environ)], args.forbid_multicast)
-    backends = ["trtllm"] if policy.multicast_forbidden else ["trtllm", "mnnvl"]
-    extra = dict(policy.child_env("trtllm"))
+    names = [b.name for b in backends.allowed(policy.multicast_forbidden)]
+    extra = {k: v for name in names for k, v in policy.child_env(name).items()}  # one child builds them all
     if args.arch:
         extra["FLASHINFER_CUDA_ARCH_LIST"] = args.arch
-    _stderr(f"prebuild: {', '.join(backends)} (a cold build takes minutes)")
+    _stderr(f"prebuild: {', '.join(names)} (a cold build takes minutes)")
     result = childproc.run_child(
-        [sys.executable, "-m", "node_agent.smoke.prebuild", "--backends", ",".join(backends)],
+        [sys.executable, "-m", "node_agent.smoke.prebuild", "--backends", ",".join(names)],
         env=childproc.child_env(extra),
         timeout_s=args.timeout,
     )

@@ -5,10 +5,8 @@ Triggers of a probe: start-up; the interval; a changed driver version (checked c
 watch; cleared once the new verdict is published). Triggers that arrive during a probe are merged
 into the next one. After a degraded probe (a step could not answer: GPUs busy or unreadable,
 torch/FlashInfer missing, kernels not built) the next one comes after ``--retry-interval`` seconds
-(default 600) instead of ``--interval`` (trigger ``retry``); it still skips busy GPUs (idle guard). A probe in which
-no backend passed but one could not be tested, or the GPUs could not be read, keeps the verdict
-labels of the previous report of the same hardware, or leaves ``fiar.io/backend`` unwritten; it
-never claims ``none`` (see ``verdict``).
+(default 600) instead of ``--interval`` (trigger ``retry``); it still skips busy GPUs (idle guard). A probe
+that cannot conclude never writes ``none`` (docs/DESIGN.md#verdict-none; ``verdict`` applies it).
 
 The previous report is read from the Node's ``fiar.io/probe-report`` at start; an annotation that
 cannot be read as a report (too large, not JSON, too deeply nested, wrong version or shape) counts

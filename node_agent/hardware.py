@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import fiar_contract as contract
-from node_agent import childproc, inventory
+from node_agent import backends, childproc, inventory
 from node_agent.errors import FixtureError, NativeProbeFailed, NvmlUnavailable
 from node_agent.native_probe import EXIT_NVML_UNAVAILABLE
 
@@ -283,7 +283,7 @@ def derived_outcome(inv: inventory.Inventory, backend: contract.Backend, devices
         for b in devices[i + 1 :]:
             if not inv.any_p2p(a, b):
                 return "fail", f"no P2P between GPU {a} and GPU {b}: the workspace cannot map peer buffers"
-    if backend == "mnnvl":
+    if backends.spec(backend).needs_multicast:
         for g in gpus:
             if g.cuda is None or g.cuda.multicast_supported != 1:
                 return (

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import fiar_contract as contract
+from node_agent import backends
 
 _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
@@ -41,17 +42,12 @@ class HostPolicy:
     """Where the prohibition comes from, e.g. ``("env NCCL_NVLS_ENABLE=0", "--forbid-multicast")``."""
 
     def child_env(self, backend: contract.Backend) -> dict[str, str]:
-        """Variables to set in a smoke-test child for ``backend``.
-
-        trtllm is always tested with ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``: its kernels never use
-        multicast, and FlashInfer 0.6.10-0.6.15 would otherwise let PyTorch create multicast objects
-        for its buffers.
-        """
+        """Variables to set in a smoke-test child for ``backend``: the host policy's, and the
+        backend's own (``backends.BackendSpec.child_env``; trtllm: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``)."""
         env: dict[str, str] = {}
         if self.multicast_forbidden:
             env.update(contract.HOST_POLICY_ENV)
-        if backend == "trtllm":
-            env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+        env.update(backends.spec(backend).child_env)
         return env
 
     def to_dict(self) -> dict[str, object]:
@@ -76,11 +72,12 @@ def resolve(environments: Iterable[tuple[str, Mapping[str, str]]], forbid_flag: 
 def refusal(backend: str, env: Mapping[str, str]) -> str | None:
     """Why a smoke-test rank must not run ``backend`` under ``env`` (None: it may).
 
-    The probe never asks for mnnvl under a forbidding policy; every rank checks again before it
+    The probe never asks for a backend that needs multicast under a forbidding policy; every rank checks again before it
     imports anything, so no code path can build a multicast object on such a host.
     """
-    if backend == "mnnvl":
+    spec = backends.BY_NAME.get(backend)
+    if spec is not None and spec.needs_multicast:
         found = forbidding_variables(env)
         if found:
-            return f"host policy forbids multicast ({', '.join(found)}): no mnnvl workspace is created"
+            return f"host policy forbids multicast ({', '.join(found)}): no {backend} workspace is created"
     return None

@@ -4,8 +4,8 @@ Shared by ``fiar-agent probe`` (one shot, no Kubernetes) and the daemon. Every s
 degrades to a reason in the report; nothing here raises for a broken host.
 
 Which GPUs a test uses: one rank per GPU, the first N GPUs in NVML order, where N is the largest
-world size the backend supports (trtllm 2/4/8/16, mnnvl powers of two 2..64) not above the GPU
-count (or ``--gpus``).
+world size the backend supports (its row in ``node_agent.backends``) not above the GPU count (or
+``--gpus``).
 
 Idle guard: a test runs only when no compute process uses the GPUs under test, unless forced.
 When the GPUs are busy and an earlier report for the same driver and GPUs holds a conclusive
@@ -16,10 +16,7 @@ compute capability no entry of the list covers (``9.0a``: exactly SM 9.0; ``10.0
 10.0 and later 10.x) is not tested: the test is skipped (degraded, kind ``not_prebuilt``), as its
 kernels were never built for it.
 
-No conclusive test: when the probe is degraded and no test passed, failed or timed out (GPUs
-unreadable, busy without a reusable result, torch/FlashInfer missing, kernels not built or not
-loadable), the verdict is not ``none``: the verdict labels of an earlier report with the same
-fingerprint and host policy are kept, else ``fiar.io/backend`` is left out (see ``verdict``).
+No conclusive test: the verdict is never ``none`` (docs/DESIGN.md#verdict-none; ``verdict`` applies it).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import fiar_contract as contract
+from node_agent import backends
 from node_agent import report as report_mod
 from node_agent.errors import ConfigError, HardwareError
 from node_agent.hardware import Hardware
@@ -50,11 +48,6 @@ from node_agent.smoke.outcome import (
     SmokeRequest,
 )
 from node_agent.verdict import DEFAULT_BENCH_MARGIN, Verdict, decide
-
-WORLD_SIZES: dict[contract.Backend, tuple[int, ...]] = {
-    "trtllm": (2, 4, 8, 16),
-    "mnnvl": (2, 4, 8, 16, 32, 64),
-}
 
 Progress = Callable[[str], None]
 
@@ -83,8 +76,9 @@ class ProbeConfig:
             raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
         if not self.inventory_timeout_s > 0:
             raise ConfigError(f"inventory timeout must be positive, got {self.inventory_timeout_s}")
-        if self.gpus is not None and self.gpus not in WORLD_SIZES["mnnvl"]:
-            raise ConfigError(f"--gpus must be a power of two from 2 to 64, got {self.gpus}")
+        if self.gpus is not None and self.gpus not in backends.RANK_COUNTS:
+            low, high = backends.RANK_COUNTS[0], backends.RANK_COUNTS[-1]
+            raise ConfigError(f"--gpus must be a power of two from {low} to {high}, got {self.gpus}")
         if not 0 <= self.bench_margin <= 10:
             raise ConfigError(f"--bench-margin must be between 0 and 10, got {self.bench_margin}")
         if self.iters < 1:
@@ -118,8 +112,7 @@ class ProbeResult:
 
 
 def world_size(backend: contract.Backend, available: int) -> int | None:
-    fitting = [n for n in WORLD_SIZES[backend] if n <= available]
-    return max(fitting) if fitting else None
+    return backends.spec(backend).world_size(available)
 
 
 def _covers(entry: str, cc: tuple[int, int]) -> bool | None:
@@ -185,7 +178,7 @@ def _plan(
     """Either the outcome of a test that does not run, or the GPUs to run it on."""
     if inv is None:
         return SmokeOutcome.skipped(backend, KIND_NO_INVENTORY, "the GPUs could not be read", degraded=True)
-    if backend == "mnnvl" and policy.multicast_forbidden:
+    if backends.spec(backend).needs_multicast and policy.multicast_forbidden:
         return SmokeOutcome.skipped(
             backend,
             KIND_POLICY,
@@ -261,7 +254,7 @@ def probe(
     kept = report_mod.previous_verdict(previous, fingerprint, policy.multicast_forbidden)
 
     tests: dict[contract.Backend, SmokeOutcome] = {}
-    for backend in contract.BACKENDS:  # mnnvl first (when allowed), then trtllm
+    for backend in backends.NAMES:  # in order of preference
         if cancel is not None and cancel.is_set():  # stopping: start no new GPU work
             tests[backend] = SmokeOutcome.skipped(backend, KIND_CANCELLED, "the agent was stopped", degraded=True)
             continue

@@ -57,8 +57,7 @@ MAX_READ_BYTES = 256 * 1024
 _ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
     contract.LABEL_BACKEND: contract.BACKEND_VERDICTS,
     contract.LABEL_MULTICAST: contract.MULTICAST_STATES,
-    contract.LABEL_MNNVL: contract.TEST_RESULTS,
-    contract.LABEL_TRTLLM: contract.TEST_RESULTS,
+    **dict.fromkeys(contract.RESULT_LABELS, contract.TEST_RESULTS),
 }
 
 

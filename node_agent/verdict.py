@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import fiar_contract as contract
+from node_agent import backends
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import KIND_NULL_MC_PTR, SmokeOutcome
@@ -53,7 +54,7 @@ DEFAULT_BENCH_MARGIN = 0.10
 
 Status = Literal["ok", "degraded"]
 
-VERDICT_LABELS = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, contract.LABEL_MNNVL, contract.LABEL_TRTLLM)
+VERDICT_LABELS = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, *contract.RESULT_LABELS)
 """The labels a smoke test decides; ``fiar.io/gpus`` and ``fiar.io/clique`` are read from NVML."""
 
 
@@ -168,13 +169,12 @@ def decide(
     reasons: list[str] = []
     if inventory_error:
         reasons.append(inventory_error)
-    mnnvl, trtllm = tests["mnnvl"], tests["trtllm"]
-    multicast, why = multicast_state(inv, policy, mnnvl)
+    multicast, why = multicast_state(inv, policy, tests[backends.MULTICAST_PROOF])
     reasons.append(why)
 
     judgements: dict[str, BenchJudgement] = {}
     backend: contract.Verdict = "none"
-    for name in contract.BACKENDS:
+    for name in backends.NAMES:  # in order of preference
         outcome = tests[name]
         if outcome.result != "pass":
             reasons.append(f"{name} {outcome.result}: {outcome.reason or outcome.kind}")
@@ -213,8 +213,7 @@ def decide(
     labels = {
         contract.LABEL_BACKEND: backend,
         contract.LABEL_MULTICAST: multicast,
-        contract.LABEL_MNNVL: mnnvl.result,
-        contract.LABEL_TRTLLM: trtllm.result,
+        **{contract.result_label(name): tests[name].result for name in backends.NAMES},
         contract.LABEL_GPUS: str(gpus),
     }
     if inv is not None:

@@ -25,7 +25,9 @@ from typing import Any, TextIO
 
 ENV_EVENTS_FILE = "FIAR_EVENTS_FILE"
 STEPS = ("import", "init", "jit", "workspace", "eager", "graph", "timing", "benchmark", "done")
-TERMINAL = frozenset({"fail", "missing", "refused", "not_prebuilt", "done"})
+FAILURE_STATUSES = ("missing", "refused", "not_prebuilt", "fail")
+"""The statuses that end a rank before ``done``, in the order ``outcome.classify`` weighs them."""
+TERMINAL = frozenset({*FAILURE_STATUSES, "done"})
 
 
 class EventLog:

@@ -37,6 +37,7 @@ from typing import Any
 
 import fiar_contract as contract
 from node_agent.childproc import ChildResult
+from node_agent.smoke.events import FAILURE_STATUSES
 
 KIND_OK = "ok"
 KIND_NULL_MC_PTR = "null_mc_ptr"
@@ -361,11 +362,10 @@ def classify(
     terminal: list[tuple[int, Mapping[str, Any]]] = []
     for r, events in enumerate(ranks):
         for e in events:
-            if e.get("status") in ("fail", "missing", "refused", "not_prebuilt"):
+            if e.get("status") in FAILURE_STATUSES:
                 terminal.append((r, e))
                 break
-    by_status = {status: [(r, e) for r, e in terminal if e["status"] == status] for status in
-                 ("missing", "refused", "not_prebuilt", "fail")}  # fmt: skip
+    by_status = {status: [(r, e) for r, e in terminal if e["status"] == status] for status in FAILURE_STATUSES}
     if by_status["missing"]:
         r, e = by_status["missing"][0]
         reason = f"torch or FlashInfer is not importable: {e.get('error', '?')}"

@@ -1,12 +1,13 @@
 """Build FlashInfer's comm kernels ahead of time, so that no node compiles on the critical path.
 
 Run as ``python -m node_agent.smoke.prebuild --backends trtllm[,mnnvl]`` by ``fiar-agent prebuild``
+(the modules: ``node_agent.backends``)
 (in an init container, or at image build time with ``FLASHINFER_CUDA_ARCH_LIST`` set when no GPU
 is visible). The modules land in FlashInfer's JIT cache (``$FLASHINFER_WORKSPACE_BASE/.cache/
 flashinfer/<version>/<archs>/cached_ops``); keep that folder on a hostPath or in the image and the
 smoke test's ``jit`` step only loads them (``--require-prebuilt`` turns a miss into a skipped test
-instead of a compile). Compiling creates no multicast object; under a forbidding host policy the
-mnnvl module is still not built, because it is never used there.
+instead of a compile). Compiling creates no multicast object; under a forbidding host policy a
+backend that needs multicast is still not built, because it is never used there.
 
 Prints ``{"modules": {name: {"source": "aot"|"jit-cache"|"compiled", "seconds": s, "path": p}}}``.
 """
@@ -14,25 +15,26 @@ Prints ``{"modules": {name: {"source": "aot"|"jit-cache"|"compiled", "seconds": 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
 from typing import Any
 
+from node_agent import backends
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m node_agent.smoke.prebuild")
-    p.add_argument("--backends", default="trtllm,mnnvl")
+    p.add_argument("--backends", default=",".join(backends.NAMES))
     args = p.parse_args(argv)
+    generators: dict[str, Any] = {}
     try:
-        from flashinfer.comm import trtllm_ar, trtllm_mnnvl_ar
+        for spec in backends.TABLE:
+            generators[spec.name] = getattr(importlib.import_module(spec.module), spec.generator, None)
     except Exception as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return 3
-    generators = {
-        "trtllm": getattr(trtllm_ar, "gen_trtllm_comm_module", None),
-        "mnnvl": getattr(trtllm_mnnvl_ar, "gen_trtllm_mnnvl_comm_module", None),
-    }
     modules: dict[str, Any] = {}
     for backend in [b for b in args.backends.split(",") if b]:
         gen = generators.get(backend)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node_agent import hardware, inventory, policy
+from node_agent import backends, hardware, inventory, policy
 from node_agent.smoke.events import EventLog
 from node_agent.smoke.outcome import failure_kind
 
@@ -34,7 +34,7 @@ def _block_forever() -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m node_agent.smoke.simworker")
     p.add_argument("--fixture", type=Path, required=True)
-    p.add_argument("--backend", choices=("mnnvl", "trtllm"), required=True)
+    p.add_argument("--backend", choices=backends.NAMES, required=True)
     p.add_argument("--benchmark", action="store_true")
     p.add_argument("--require-prebuilt", action="store_true")
     args, _unknown = p.parse_known_args(argv)  # the real worker's size options do not apply
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         fields: dict[str, Any] = {}
         if step in ("eager", "graph"):
             fields = {"checks": 3, "max_abs_err": 0.0}
-        if step == "workspace" and args.backend == "mnnvl":
+        if step == "workspace" and backends.spec(args.backend).needs_multicast:
             fields = {"mc_ptr_nonnull_all_ranks": True}
         emit_ok(step, **fields)
 

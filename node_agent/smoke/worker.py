@@ -32,7 +32,9 @@ and must not turn a pass into a hang.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import importlib
 import os
 import sys
 import traceback
@@ -40,9 +42,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from node_agent import policy
+from node_agent import backends, policy
 from node_agent.smoke.events import EventLog
-from node_agent.smoke.outcome import failure_kind
+from node_agent.smoke.outcome import SmokeRequest, failure_kind
 
 EXIT_FAIL = 1
 EXIT_MISSING = 3
@@ -65,14 +67,15 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    default = {f.name: f.default for f in dataclasses.fields(SmokeRequest)}  # the launcher's request
     p = argparse.ArgumentParser(prog="python -m node_agent.smoke.worker")
-    p.add_argument("--backend", choices=("mnnvl", "trtllm"), required=True)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--backend", choices=backends.NAMES, required=True)
+    p.add_argument("--hidden", type=int, default=default["hidden"])
+    p.add_argument("--tokens", type=int, default=default["tokens"])
+    p.add_argument("--iters", type=int, default=default["iters"])
     p.add_argument("--benchmark", action="store_true")
-    p.add_argument("--bench-hidden", type=_ints, default=(4096, 8192))
-    p.add_argument("--bench-tokens", type=_ints, default=(1, 8, 64, 256, 1024, 4096))
+    p.add_argument("--bench-hidden", type=_ints, default=default["bench_hidden"])
+    p.add_argument("--bench-tokens", type=_ints, default=default["bench_tokens"])
     p.add_argument("--require-prebuilt", action="store_true")
     p.add_argument("--collective-timeout", type=float, default=300.0)
     return p.parse_args(argv)
@@ -156,25 +159,19 @@ class Rank:
     def jit(self) -> None:
         self.step = "jit"
         self.log.start("jit")
-        if self.args.backend == "trtllm":
-            from flashinfer.comm import trtllm_ar as mod
-
-            gen = getattr(mod, "gen_trtllm_comm_module", None)
-            load = getattr(mod, "get_trtllm_comm_module", None)
-        else:
-            from flashinfer.comm import trtllm_mnnvl_ar as mod
-
-            gen = getattr(mod, "gen_trtllm_mnnvl_comm_module", None)
-            load = getattr(mod, "get_trtllm_mnnvl_comm_module", None)
+        spec = backends.spec(self.args.backend)
+        mod = importlib.import_module(spec.module)
+        gen = getattr(mod, spec.generator, None)
+        load = getattr(mod, spec.loader, None)
         if gen is None or load is None:
             self.dist.barrier()
             self.log.ok("jit", cached=False, source="implicit (built during workspace creation)")
             return
-        spec = gen()
-        aot = bool(spec.is_aot)
-        cached = aot or spec.jit_library_path.exists()
+        jit_spec = gen()
+        aot = bool(jit_spec.is_aot)
+        cached = aot or jit_spec.jit_library_path.exists()
         if self.args.require_prebuilt and not cached:
-            raise NotPrebuilt(f"{spec.name} is neither in the AOT cache nor in {spec.jit_library_path.parent}")
+            raise NotPrebuilt(f"{jit_spec.name} is neither in the AOT cache nor in {jit_spec.jit_library_path.parent}")
         if self.rank == 0:
             load()
         self.dist.barrier()
@@ -182,7 +179,7 @@ class Rank:
             load()
         self.dist.barrier()
         source = "aot" if aot else ("jit-cache" if cached else "compiled")
-        self.log.ok("jit", cached=cached, source=source, module=spec.name)
+        self.log.ok("jit", cached=cached, source=source, module=jit_spec.name)
 
     def workspace(self) -> None:
         t, args = self.torch, self.args
@@ -206,7 +203,7 @@ class Rank:
             kind = failure_kind("workspace", str(exc), "null_mc_ptr" if "multicast" in str(exc).lower() else "error")
             raise StepFailed("workspace", kind, f"workspace creation failed: {type(exc).__name__}: {exc}") from exc
         fields: dict[str, Any] = {"max_token_num": tokens, "hidden_dim": hidden}
-        if args.backend == "mnnvl":
+        if backends.spec(args.backend).needs_multicast:
             mc_ptr = int(getattr(self.ws, "mc_ptr", 0) or 0)
             flag = t.tensor([1 if mc_ptr else 0], dtype=t.int32, device=self.device)
             self.dist.all_reduce(flag, op=self.dist.ReduceOp.MIN)
@@ -214,7 +211,7 @@ class Rank:
             if not flag.item():
                 raise StepFailed(
                     "workspace", "null_mc_ptr",
-                    "the mnnvl workspace was created with a null multicast pointer "
+                    f"the {args.backend} workspace was created with a null multicast pointer "
                     f"(mc_ptr == 0 on {'this' if not mc_ptr else 'a peer'} rank); no kernel was run",
                 )  # fmt: skip
         self.dist.barrier()

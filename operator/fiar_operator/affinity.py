@@ -16,22 +16,8 @@ Json = dict[str, Any]
 
 
 def backend_requirement(backends: Sequence[str]) -> Json:
+    """Nodes whose verdict is one of ``backends`` (which nodes verify what: ``nodefacts``)."""
     return {"key": contract.LABEL_BACKEND, "operator": "In", "values": list(backends)}
-
-
-def verified_requirements(backends: Sequence[str]) -> list[Json]:
-    """Requirements that admit exactly the nodes verifying one of ``backends`` (see decide.node_facts).
-
-    A node verifies trtllm when its verdict is trtllm, or when its verdict is mnnvl and its trtllm
-    test passed. With mnnvl allowed, the verdict alone decides; with trtllm only, the node needs a
-    verdict of mnnvl or trtllm and a passed trtllm test (the agent gives verdict trtllm only then).
-    """
-    if "mnnvl" in backends:
-        return [backend_requirement(backends)]
-    return [
-        backend_requirement(["mnnvl", "trtllm"]),
-        {"key": contract.LABEL_TRTLLM, "operator": "In", "values": ["pass"]},
-    ]
 
 
 def clique_requirement() -> Json:
@@ -53,18 +39,28 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def merge_node_requirements(affinity: Mapping[str, Any] | None, requirements: Sequence[Json]) -> Json:
     """A copy of ``affinity`` whose required node affinity also demands ``requirements`` in every term."""
+    return merge_node_alternatives(affinity, [requirements])
+
+
+def merge_node_alternatives(affinity: Mapping[str, Any] | None, alternatives: Sequence[Sequence[Json]]) -> Json:
+    """A copy of ``affinity`` whose required node affinity also demands one of ``alternatives`` (each a
+    list of ANDed requirements) in every term: a term that already holds one is kept, any other is
+    replaced by one copy per alternative (terms are ORed). Merging twice changes nothing more."""
     result: Json = copy.deepcopy(dict(affinity or {}))
     node_affinity = result.setdefault("nodeAffinity", {})
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        terms = [{}]
-    for term in terms:
-        exprs = term.setdefault("matchExpressions", [])
-        for req in requirements:
-            if not any(_same(req, e) for e in exprs):
-                exprs.append(copy.deepcopy(req))
-    required["nodeSelectorTerms"] = terms
+    merged: list[Json] = []
+    for term in required.get("nodeSelectorTerms") or [{}]:
+        exprs = term.get("matchExpressions") or []
+        if any(all(any(_same(req, e) for e in exprs) for req in alt) for alt in alternatives):
+            merged.append(term)
+            continue
+        for alt in alternatives:
+            copied = copy.deepcopy(term)
+            added = copied.setdefault("matchExpressions", [])
+            added.extend(copy.deepcopy(req) for req in alt if not any(_same(req, e) for e in exprs))
+            merged.append(copied)
+    required["nodeSelectorTerms"] = merged
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
     return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -26,6 +27,11 @@ from fiar_operator.errors import ApiError, OperatorError
 from fiar_operator.settings import Settings, excluded_namespaces
 
 
+def _default(name: str) -> Any:
+    """The default of a Settings field: the one source of the option's default."""
+    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fiar-operator",
@@ -37,19 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the operator (webhooks on every replica, reconciler on one)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, then ~/.kube/config)")
-    run.add_argument("--webhook-host", default="0.0.0.0")
-    run.add_argument("--webhook-port", type=int, default=9443)
+    run.add_argument("--webhook-host", default=_default("webhook_host"))
+    run.add_argument("--webhook-port", type=int, default=_default("webhook_port"))
     run.add_argument("--tls-cert", type=Path, help="PEM serving certificate of the webhooks")
     run.add_argument("--tls-key", type=Path, help="PEM key of the serving certificate")
-    run.add_argument("--metrics-host", default="0.0.0.0")
-    run.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz (-1: off)")
+    run.add_argument("--metrics-host", default=_default("metrics_host"))
+    run.add_argument(
+        "--metrics-port", type=int, default=_default("metrics_port"), help="/metrics, /healthz, /readyz (-1: off)"
+    )
     run.add_argument(
         "--read-timeout",
         type=float,
-        default=0.3,
+        default=_default("read_timeout"),
         help="seconds for the binding webhook's last-resort read of an unseen pod",
     )
-    run.add_argument("--status-interval", type=float, default=0.5)
+    run.add_argument("--status-interval", type=float, default=_default("status_interval"))
     run.add_argument(
         "--exclude-namespace",
         action="append",
@@ -57,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace the webhooks never see, beside kube-system and $POD_NAMESPACE (repeatable)",
     )
     run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
-    run.add_argument("--peering", default="fiar", help="kopf peering name (replicas of one deployment share it)")
+    run.add_argument(
+        "--peering", default=_default("peering"), help="kopf peering name (replicas of one deployment share it)"
+    )
     run.add_argument(
         "--priority",
         type=int,

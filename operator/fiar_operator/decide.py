@@ -1,17 +1,16 @@
 """Which backend a managed pod gets on a node, and whether vLLM's FlashInfer allreduce fusion runs:
 pure functions over node labels, the pod's group and its policy.
 
-A node *verifies* a backend when the agent's verdict label names it, or when the verdict is
-``mnnvl`` and the trtllm smoke test also passed. A pod gets the first backend of its policy's
-``backends`` that its node verifies (reason ``Verified``); only then does the fusion run as the
-container itself configures it (``fusion: on``). Everywhere else the fusion is off (``fusion: off``:
-fiar turns vLLM's AR+RMSNorm fusion pass and the standalone FlashInfer allreduce, which shares its
-workspace, off in the containers whose command it can change), because vLLM's own guess there is the
-crash or the crawl (vLLM #48071: 0.25-0.26 crash at CUDA-graph capture, 0.27-0.33 fall back to a
-trtllm path reported 10-34x slower than no fusion). The backend value still matters for a container
-whose fusion cannot be turned off: on a node whose trtllm smoke test ran it gets ``trtllm``, which
-runs, else the policy's ``fallbackBackend``. A policy with ``fusionControl: Disabled`` leaves the
-fusion on everywhere.
+Which backends a node *verifies* is read from its labels by ``nodefacts``. A pod gets the first
+backend of its policy's ``backends`` that its node verifies (reason ``Verified``); only then does
+the fusion run as the container itself configures it (``fusion: on``). Everywhere else the fusion is
+off (``fusion: off``: fiar turns vLLM's AR+RMSNorm fusion pass and the standalone FlashInfer
+allreduce, which shares its workspace, off in the containers whose command it can change), because
+vLLM's own guess there is the crash or the crawl (vLLM #48071: 0.25-0.26 crash at CUDA-graph
+capture, 0.27-0.33 fall back to a trtllm path reported 10-34x slower than no fusion). The backend
+value still matters for a container whose fusion cannot be turned off: on a node whose trtllm smoke
+test ran it gets ``trtllm``, which runs, else the policy's ``fallbackBackend``. A policy with
+``fusionControl: Disabled`` leaves the fusion on everywhere.
 
 A multi-pod group (a LeaderWorkerSet group of size > 1, or every pod of a policy with
 ``multiNode: Always``) spans pods, which vLLM treats as separate nodes: trtllm then raises, so only
@@ -27,11 +26,12 @@ rule. A group that does not qualify gets the fallback with the fusion off.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
+from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
 from fiar_operator.policy import Policy
 from fiar_operator.selectors import ANYWHERE, NodeConstraint
 
@@ -50,42 +50,6 @@ Trigger = Literal["create", "binding", "reconcile"]
 VERIFIED_REASON: Final = "Verified"
 MAX_DECISION_LENGTH: Final = 4096
 """Longest fiar.io/decision annotation that is parsed; the operator writes about 200 characters."""
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the agent's labels say about one node."""
-
-    name: str
-    verdict: contract.Verdict | None
-    """``None`` when the node has no (valid) fiar.io/backend label: never probed."""
-    verified: frozenset[contract.Backend]
-    clique: str | None
-    """The NVLink clique: fiar's label or GFD's; None when neither is set or the two disagree."""
-    trtllm_runs: bool = False
-    """The trtllm smoke test passed (whether or not trtllm is the verdict)."""
-
-
-def _clique(labels: Mapping[str, str]) -> str | None:
-    found = {labels.get(contract.LABEL_CLIQUE) or None, labels.get(contract.LABEL_GFD_CLIQUE) or None} - {None}
-    return found.pop() if len(found) == 1 else None
-
-
-def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
-    raw = labels.get(contract.LABEL_BACKEND)
-    verdict: contract.Verdict | None = None
-    verified: set[contract.Backend] = set()
-    for candidate in contract.BACKEND_VERDICTS:
-        if raw == candidate:
-            verdict = candidate
-    if verdict == "mnnvl":
-        verified.add("mnnvl")
-        if labels.get(contract.LABEL_TRTLLM) == "pass":
-            verified.add("trtllm")
-    elif verdict == "trtllm":
-        verified.add("trtllm")
-    runs = "trtllm" in verified or labels.get(contract.LABEL_TRTLLM) == "pass"
-    return NodeFacts(name, verdict, frozenset(verified), _clique(labels), runs)
 
 
 @dataclass(frozen=True)
@@ -202,18 +166,7 @@ def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, 
     for backend in policy.backends:
         if backend in facts.verified:
             return backend, "Verified"
-    return ("trtllm" if facts.trtllm_runs else policy.fallback), "NotVerified"
-
-
-def _group_ok(candidates: Iterable[NodeFacts]) -> bool:
-    cliques = set()
-    count = 0
-    for facts in candidates:
-        count += 1
-        if "mnnvl" not in facts.verified or facts.clique is None:
-            return False
-        cliques.add(facts.clique)
-    return count > 0 and len(cliques) == 1
+    return (RUNS_UNVERIFIED if facts.trtllm_runs else policy.fallback), "NotVerified"
 
 
 def choose_for_group(
@@ -223,23 +176,23 @@ def choose_for_group(
     nodes: Mapping[str, Mapping[str, str]],
 ) -> tuple[contract.EnvValue, Reason]:
     """The backend for one pod of a multi-pod group bound to ``facts``' node."""
-    if "mnnvl" not in policy.backends:
+    if MULTI_NODE_BACKEND not in policy.backends:
         return policy.fallback, "MultiNodeNeedsMnnvl"
     if facts is None:
         return policy.fallback, "NodeUnknown"
     if facts.verdict is None:
         return policy.fallback, "NotProbed"
-    if "mnnvl" not in facts.verified or facts.clique is None:
+    if not joins_group(facts):
         return policy.fallback, "MultiNodeNoSharedClique"
     if not group.pinned:
         # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
         admitted = list(nodes.items())
         candidates = [node_facts(name, labels) for name, labels in admitted if group.constraint.admits(labels)]
-        if not _group_ok(candidates):
+        if not candidates or group_break((f"node {c.name}", c) for c in candidates) is not None:
             return policy.fallback, "MultiNodeNoSharedClique"
     if not group.imex:
         return policy.fallback, "MultiNodeNoImexChannel"
-    return "mnnvl", "Verified"
+    return MULTI_NODE_BACKEND, "Verified"
 
 
 def decide(

@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import affinity, commands, decide, patches
+from fiar_operator import affinity, commands, decide, nodefacts, patches
 from fiar_operator.pods import INJECTED, annotations_read, field_path, group_plan, is_injected, pod_record
 from fiar_operator.policy import Policy
 
@@ -180,9 +180,9 @@ def _placement_ops(policy: Policy, pod: Mapping[str, Any], multi: bool, warnings
     current = spec.get("affinity")
     if policy.placement != "VerifiedNodesOnly" or policy.mode == "Audit" or spec.get("nodeName"):
         return []
-    if multi and "mnnvl" in policy.backends:
+    if multi and nodefacts.MULTI_NODE_BACKEND in policy.backends:
         wanted = affinity.merge_node_requirements(
-            current, [affinity.backend_requirement(["mnnvl"]), affinity.clique_requirement()]
+            current, [affinity.backend_requirement([nodefacts.MULTI_NODE_BACKEND]), affinity.clique_requirement()]
         )
         key = ((pod.get("metadata") or {}).get("labels") or {}).get(policy.group_key_label)
         if key:
@@ -190,7 +190,7 @@ def _placement_ops(policy: Policy, pod: Mapping[str, Any], multi: bool, warnings
         else:
             warnings.append(f"multi-pod group without label {policy.group_key_label}: not kept in one NVLink clique")
     else:
-        wanted = affinity.merge_node_requirements(current, affinity.verified_requirements(policy.backends))
+        wanted = affinity.merge_node_alternatives(current, nodefacts.verified_alternatives(policy.backends))
     return [] if wanted == current else [{"op": "add", "path": "/spec/affinity", "value": wanted}]
 
 
@@ -231,11 +231,11 @@ def plan_pod_create(
         return PodPlan(policy, warnings=warnings, pod=pod)
 
     group = group_plan(pod_record(pod), policy)
-    if group.multi and "mnnvl" not in policy.backends:
+    if group.multi and nodefacts.MULTI_NODE_BACKEND not in policy.backends:
         warnings.append(f"multi-pod group: trtllm is invalid across pods; it gets {policy.fallback}")
     elif group.multi and policy.placement == "Anywhere" and policy.mode == "Enforce":
         warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
-    if group.multi and "mnnvl" in policy.backends and not group.imex and policy.mode == "Enforce":
+    if group.multi and nodefacts.MULTI_NODE_BACKEND in policy.backends and not group.imex and policy.mode == "Enforce":
         warnings.append("multi-pod group without an IMEX channel claim: no mnnvl, fusion off (see imexChannelClaims)")
     rest = _placement_ops(policy, pod, group.multi, warnings)
     rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})

@@ -10,6 +10,7 @@ from typing import Any, Final
 import fiar_contract as contract
 from fiar_operator.commands import plan_command
 from fiar_operator.decide import GroupPlan, parse_decision
+from fiar_operator.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.policy import LWS_SIZE, Policy
 from fiar_operator.selectors import ANYWHERE, NodeConstraint, node_constraint
 
@@ -100,7 +101,7 @@ def _pinned_backend(spec: Mapping[str, Any]) -> bool:
         backend_ok = any(
             e.get("key") == contract.LABEL_BACKEND
             and e.get("operator") == "In"
-            and set(e.get("values") or []) == {"mnnvl"}
+            and set(e.get("values") or []) == {MULTI_NODE_BACKEND}
             for e in exprs
         )
         clique_ok = any(e.get("key") == contract.LABEL_CLIQUE and e.get("operator") == "Exists" for e in exprs)

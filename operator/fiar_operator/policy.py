@@ -36,7 +36,7 @@ LWS_SIZE: Final = "leaderworkerset.sigs.k8s.io/size"
 """Annotation LeaderWorkerSet puts on its pods: pods per group; > 1 means a multi-pod group."""
 
 DEFAULT_CONTAINERS: Final = ("*",)
-DEFAULT_BACKENDS: Final[tuple[contract.Backend, ...]] = ("mnnvl", "trtllm")
+DEFAULT_BACKENDS: Final[tuple[contract.Backend, ...]] = contract.BACKENDS
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Policy:
     namespace_selector: selectors.LabelSelector = selectors.EVERYTHING
     containers: tuple[str, ...] = DEFAULT_CONTAINERS
     backends: tuple[contract.Backend, ...] = DEFAULT_BACKENDS
-    fallback: contract.EnvValue = "auto"
+    fallback: contract.EnvValue = contract.AUTO
     placement: Placement = "Anywhere"
     respect_explicit_env: bool = True
     mode: Mode = "Enforce"
@@ -61,6 +61,11 @@ class Policy:
 
     def matches(self, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
         return self.namespace_selector.matches(namespace_labels) and self.pod_selector.matches(pod_labels)
+
+
+DEFAULT: Final = Policy(name="", pod_selector=selectors.EVERYTHING)
+"""A policy with every default: the one source of ``parse_policy``'s defaults (the CRD's are checked
+against it by a test)."""
 
 
 def _choice(spec: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
@@ -81,21 +86,21 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         raise PolicyError(f"{name}: spec is missing")
     if "podSelector" not in spec:
         raise PolicyError(f"{name}: spec.podSelector is required ({{}} selects every pod)")
-    containers = spec.get("containers", list(DEFAULT_CONTAINERS))
+    containers = spec.get("containers", list(DEFAULT.containers))
     if not isinstance(containers, list) or not containers or not all(isinstance(c, str) and c for c in containers):
         raise PolicyError(f"{name}: spec.containers must be a non-empty list of container-name globs")
-    backends = spec.get("backends", list(DEFAULT_BACKENDS))
+    backends = spec.get("backends", list(DEFAULT.backends))
     if not isinstance(backends, list) or not backends:
         raise PolicyError(f"{name}: spec.backends must list at least one of {', '.join(contract.BACKENDS)}")
     if any(b not in contract.BACKENDS for b in backends) or len(set(backends)) != len(backends):
         raise PolicyError(f"{name}: spec.backends must be distinct values of {', '.join(contract.BACKENDS)}")
-    priority = spec.get("priority", 0)
+    priority = spec.get("priority", DEFAULT.priority)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise PolicyError(f"{name}: spec.priority must be an integer")
-    group_key = spec.get("groupKeyLabel", LWS_GROUP_KEY)
+    group_key = spec.get("groupKeyLabel", DEFAULT.group_key_label)
     if not isinstance(group_key, str) or not group_key:
         raise PolicyError(f"{name}: spec.groupKeyLabel must be a label key")
-    imex_claims = spec.get("imexChannelClaims", list(DEFAULT_IMEX_CLAIMS))
+    imex_claims = spec.get("imexChannelClaims", list(DEFAULT.imex_claims))
     if not isinstance(imex_claims, list) or not all(isinstance(c, str) and c for c in imex_claims):
         raise PolicyError(f"{name}: spec.imexChannelClaims must be a list of claim-name globs")
     generation = meta.get("generation", 0)
@@ -107,16 +112,16 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         ),
         containers=tuple(containers),
         backends=tuple(cast("list[contract.Backend]", backends)),
-        fallback=cast("contract.EnvValue", _choice(spec, "fallbackBackend", contract.ENV_VALUES, "auto")),
-        placement=cast("Placement", _choice(spec, "placement", PLACEMENTS, "Anywhere")),
-        respect_explicit_env=bool(spec.get("respectExplicitEnv", True)),
-        mode=cast("Mode", _choice(spec, "mode", MODES, "Enforce")),
+        fallback=cast("contract.EnvValue", _choice(spec, "fallbackBackend", contract.ENV_VALUES, DEFAULT.fallback)),
+        placement=cast("Placement", _choice(spec, "placement", PLACEMENTS, DEFAULT.placement)),
+        respect_explicit_env=bool(spec.get("respectExplicitEnv", DEFAULT.respect_explicit_env)),
+        mode=cast("Mode", _choice(spec, "mode", MODES, DEFAULT.mode)),
         priority=priority,
-        multi_node=cast("MultiNode", _choice(spec, "multiNode", MULTI_NODE, "Auto")),
+        multi_node=cast("MultiNode", _choice(spec, "multiNode", MULTI_NODE, DEFAULT.multi_node)),
         group_key_label=group_key,
-        fusion_control=cast("FusionControl", _choice(spec, "fusionControl", FUSION_CONTROLS, "Enabled")),
-        respect_explicit_fusion=bool(spec.get("respectExplicitFusion", True)),
-        imex_channel=cast("ImexChannel", _choice(spec, "imexChannel", IMEX_CHANNELS, "Claim")),
+        fusion_control=cast("FusionControl", _choice(spec, "fusionControl", FUSION_CONTROLS, DEFAULT.fusion_control)),
+        respect_explicit_fusion=bool(spec.get("respectExplicitFusion", DEFAULT.respect_explicit_fusion)),
+        imex_channel=cast("ImexChannel", _choice(spec, "imexChannel", IMEX_CHANNELS, DEFAULT.imex_channel)),
         imex_claims=tuple(imex_claims),
         generation=generation if isinstance(generation, int) else 0,
     )

@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import decide
+from fiar_operator import decide, nodefacts
 from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.policy import Policy, select_policy
 
@@ -44,20 +44,12 @@ def _missed(record: PodRecord) -> bool:
 
 
 def _group_break(members: Iterable[PodRecord], nodes: Mapping[str, Mapping[str, str]]) -> str | None:
-    """Why the bound members of a group no longer verify mnnvl in one NVLink clique; None while they do."""
-    cliques: dict[str, str] = {}
-    for member in members:
-        if member.node is None or not member.active:
-            continue
-        facts = decide.node_facts(member.node, nodes.get(member.node, {}))
-        if "mnnvl" not in facts.verified:
-            return f"node {member.node} of member {member.name} has verdict {facts.verdict or 'unprobed'}"
-        if facts.clique is None:
-            return f"node {member.node} of member {member.name} is in no NVLink clique"
-        cliques.setdefault(facts.clique, member.node)
-    if len(cliques) > 1:
-        return "its nodes span NVLink cliques " + ", ".join(f"{c} ({n})" for c, n in sorted(cliques.items()))
-    return None
+    """Why the bound members of a group break the multi-pod rule (``nodefacts.group_break``); None if they keep it."""
+    return nodefacts.group_break(
+        (f"node {m.node} of member {m.name}", nodefacts.node_facts(m.node, nodes.get(m.node, {})))
+        for m in members
+        if m.node is not None and m.active
+    )
 
 
 def _values(record: PodRecord, decision: decide.Decision | None = None) -> tuple[str | None, ...]:
@@ -92,7 +84,7 @@ def review_pod(
     labels = nodes.get(record.node)
     fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
     broken = _group_break(members, nodes) if group.multi else None
-    if broken is not None and fresh.backend == "mnnvl":
+    if broken is not None and fresh.backend == nodefacts.MULTI_NODE_BACKEND:
         fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique", fusion="off")
     current = record.backend
     fresh = replace(fresh, previous=current, previous_fusion=_fusion_of(record))
@@ -113,7 +105,7 @@ def review_pod(
         )
     if same:
         return None
-    facts = decide.node_facts(record.node, labels) if labels is not None else None
+    facts = nodefacts.node_facts(record.node, labels) if labels is not None else None
     still_verified = (
         facts is not None
         and current in decide.verified_for(policy, facts)
@@ -122,8 +114,7 @@ def review_pod(
     )
     if still_verified:
         return None
-    own_node_kept_mnnvl = facts is not None and "mnnvl" in facts.verified and facts.clique is not None
-    if group.multi and fresh.reason == "MultiNodeNoSharedClique" and own_node_kept_mnnvl:
+    if group.multi and fresh.reason == "MultiNodeNoSharedClique" and facts is not None and nodefacts.joins_group(facts):
         # This pod's own node still verifies mnnvl: the group around it changed.
         broken = broken or "a node its placement admits does not verify mnnvl in the clique of the others"
         name = f"multi-pod group {group.key}" if group.key else "the multi-pod group"
@@ -309,10 +300,11 @@ def policy_status(
 ) -> dict[str, Any]:
     """The status subresource of a policy from the indexes (``unconfigured``: ``namespace/name`` of the
     pods the policy selects that the pod webhook never configured, see ``unconfigured_by``)."""
-    counts = {"mnnvl": 0, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 0}
+    counts = dict.fromkeys([*contract.BACKEND_VERDICTS, "unprobed", "verified"], 0)
     for name, labels in nodes.items():
-        facts = decide.node_facts(name, labels)
-        counts[facts.verdict or "unprobed"] += 1
+        facts = nodefacts.node_facts(name, labels)
+        # A verdict the counts do not know (untrusted input) counts as unprobed, as decide reads it.
+        counts[facts.verdict if facts.verdict in counts else "unprobed"] += 1
         if decide.verified_for(policy, facts):
             counts["verified"] += 1
     outcome = {

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 EXE = str(Path(sys.executable).parent / "fiar-operator")
@@ -113,3 +114,13 @@ def test_the_peering_identity_is_the_pod_name_else_host_and_pid() -> None:
     assert peer_identity({"POD_NAME": "fiar-operator-5d9-abcde"}, "node-1", 7) == "fiar-operator-5d9-abcde"
     assert peer_identity({}, "node-1", 7) == "node-1/7"
 
+
+def test_run_takes_its_defaults_from_the_settings_dataclass(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from fiar_operator.cli import _settings, build_parser
+    from fiar_operator.settings import Settings
+
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    settings = _settings(build_parser().parse_args(["run"]))
+    assert dataclasses.replace(settings, priority=0) == Settings()

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fiar_contract as contract
 from devcluster import build
 from devcluster.cluster import ControlPlane, free_port
 from devcluster.waiting import wait_for as _wait
@@ -27,7 +28,7 @@ BIN = Path(sys.executable).parent
 NAMESPACE = "inference"
 FUSION = {"false": "off", "null": "on"}
 """fiar.io/fuse-allreduce-rms as the container reads it: off, or on (the container's own setting)."""
-LABEL_COLUMNS = ("fiar.io/gpus", "fiar.io/multicast", "fiar.io/mnnvl", "fiar.io/trtllm", "fiar.io/backend")
+LABEL_COLUMNS = (contract.LABEL_GPUS, contract.LABEL_MULTICAST, *contract.RESULT_LABELS, contract.LABEL_BACKEND)
 
 
 def _say(msg: str) -> None:
@@ -122,7 +123,7 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
                 "metadata": {"name": "vllm"},
                 "spec": {
                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-                    "backends": ["mnnvl", "trtllm"],
+                    "backends": list(contract.BACKENDS),
                     "fallbackBackend": "auto",
                 },
             },
@@ -203,7 +204,8 @@ def table(plane: ControlPlane) -> str:
         core = client.CoreV1Api(api)
         nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
         pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=vllm").items
-    rows = [("NODE", "GPUS", "MULTICAST", "MNNVL", "TRTLLM", "VERDICT", "POD", "POD BACKEND", "FUSION", "REASON")]
+    results = (b.upper() for b in contract.BACKENDS)
+    rows = [("NODE", "GPUS", "MULTICAST", *results, "VERDICT", "POD", "POD BACKEND", "FUSION", "REASON")]
     for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
         labels = nodes.get(pod.spec.node_name, {})
         decision = json.loads((pod.metadata.annotations or {}).get("fiar.io/decision", "{}"))
