@@ -450,10 +450,10 @@ def test_p2p_skips_a_gpu_without_a_handle() -> None:
 
 def test_the_host_is_named_after_its_gpus() -> None:
     gpus = [{"name": "B"}, {"name": "A"}, {"name": "B"}]
-    assert native_probe.host_name(Host(FakeNvml({}), Devices((), ()), FakeLibcuda), {"gpus": gpus}).values == {
+    assert native_probe.host_name(Host(FakeNvml({}), Devices((), ()), lambda: None), {"gpus": gpus}).values == {
         "host": "3x A, B"
     }
-    assert native_probe.host_name(Host(FakeNvml({}), Devices((), ()), FakeLibcuda), {"gpus": []}).values == {
+    assert native_probe.host_name(Host(FakeNvml({}), Devices((), ()), lambda: None), {"gpus": []}).values == {
         "host": "no GPUs"
     }
 
@@ -462,3 +462,19 @@ def test_every_reading_is_registered_once() -> None:
     for table in (HOST_READINGS, GPU_READINGS):
         names = [name for name, _ in table]
         assert len(names) == len(set(names))
+
+
+def test_a_new_reading_is_one_function_and_one_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    def board_serial(nv: Any, gpu: Device) -> Reading:
+        return Reading({"serial": f"S{gpu.index}"}, (f"gpu {gpu.index} serial: made up",))
+
+    def gpu_count(host: Host, doc: Mapping[str, Any]) -> Reading:
+        return Reading({"gpu_count": len(doc["gpus"])})
+
+    monkeypatch.setattr(native_probe, "GPU_READINGS", (*GPU_READINGS, ("serial", board_serial)))
+    monkeypatch.setattr(native_probe, "HOST_READINGS", (*HOST_READINGS, ("gpu count", gpu_count)))
+    doc = read(load(hardware.FIXTURES / "h200x2-device.json"))
+    assert [g["serial"] for g in doc["gpus"]] == ["S0", "S1"]
+    assert list(doc["gpus"][0])[-1] == "serial", "a new key follows the recorded ones"
+    assert doc["gpu_count"] == 2
+    assert doc["errors"] == ["gpu 0 serial: made up", "gpu 1 serial: made up"]

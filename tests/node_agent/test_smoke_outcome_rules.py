@@ -12,9 +12,9 @@ from node_agent.smoke import outcome as oc
 from node_agent.smoke.outcome import BenchPoint, Ending, Measurements, Ruling, SmokeRequest, merge
 
 REQUEST = SmokeRequest("trtllm", (0, 1), 30.0)
-TO_JIT = [{"step": s, "status": "ok", "dt": 0.5} for s in ("import", "init", "jit")]
-TO_GRAPH = [*TO_JIT, *({"step": s, "status": "ok", "dt": 0.1} for s in ("workspace", "eager"))]
-DONE = [*TO_GRAPH, {"step": "graph", "status": "ok"}, {"step": "done", "status": "done"}]
+TO_JIT: list[dict[str, Any]] = [{"step": s, "status": "ok", "dt": 0.5} for s in ("import", "init", "jit")]
+TO_GRAPH: list[dict[str, Any]] = [*TO_JIT, *({"step": s, "status": "ok", "dt": 0.1} for s in ("workspace", "eager"))]
+DONE: list[dict[str, Any]] = [*TO_GRAPH, {"step": "graph", "status": "ok"}, {"step": "done", "status": "done"}]
 
 
 def child(
@@ -212,3 +212,15 @@ def test_merge_keeps_the_worst_rank_of_every_measurement() -> None:
 
 def test_merge_of_no_events_is_empty() -> None:
     assert merge(REQUEST, [[], []]) == Measurements()
+
+
+def test_a_new_rule_is_one_function_and_one_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    def driver_reset(end: Ending) -> Ruling | None:
+        if "Xid 79" in end.child.stderr:
+            return Ruling("skipped", "infrastructure", "the GPU fell off the bus", True)
+        return None
+
+    monkeypatch.setattr(oc, "OUTCOME_RULES", (driver_reset, *oc.OUTCOME_RULES))
+    outcome = oc.classify(REQUEST, [DONE, DONE], {"returncodes": [0, 0]}, child(0, "NVRM: Xid 79"), {})
+    assert (outcome.result, outcome.reason) == ("skipped", "the GPU fell off the bus")
+    assert outcome.steps["import"] == 0.5, "the measurements are merged whatever the rule"
