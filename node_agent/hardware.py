@@ -27,9 +27,10 @@ durations); a malformed fixture is a ``FixtureError``, which the CLI reports wit
 
 Without an explicit outcome the simulated smoke test follows a small, documented model:
 trtllm passes when every pair of GPUs under test has P2P (NVLink, or PCIe read+write) and every
-GPU is SM 9.x/10.x (the compute capabilities FlashInfer compiles its comm kernels for); mnnvl
-passes when, in addition, ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` reads 1 on every GPU, and
-otherwise ends like FlashInfer 0.6.13 on such hosts: a workspace with a null multicast pointer.
+GPU is SM 9.x/10.x (the compute capabilities FlashInfer compiles its comm kernels for,
+``inventory.COMM_KERNEL_GENERATIONS``); mnnvl passes when, in addition,
+``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` reads 1 on every GPU, and otherwise ends like FlashInfer
+0.6.13 on such hosts: a workspace with a null multicast pointer.
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ SMOKE_OUTCOMES = (
     "pass", "fail", "null_mc_ptr", "numerics", "timeout", "crash", "missing", "not_prebuilt", "jit_error",
     "no_kernel_image",
 )  # fmt: skip
-JIT_ARCHES = (9, 10)
-"""SM majors FlashInfer 0.6.13 builds its trtllm and mnnvl comm modules for."""
 
 
 class Hardware(Protocol):
@@ -277,8 +276,9 @@ def derived_outcome(inv: inventory.Inventory, backend: contract.Backend, devices
     """The documented model of a smoke test when a fixture names no outcome: (outcome, message)."""
     gpus = [g for g in inv.gpus if g.index in devices]
     for g in gpus:
-        if g.cc is None or g.cc[0] not in JIT_ARCHES:
-            return "fail", f"GPU {g.index} is SM {g.cc_str}; FlashInfer builds its comm kernels for SM 9.x/10.x only"
+        if g.cc is None or not inventory.has_comm_kernels(g.cc):
+            majors = "/".join(f"{m}.x" for m in inventory.COMM_KERNEL_GENERATIONS)
+            return "fail", f"GPU {g.index} is SM {g.cc_str}; FlashInfer builds its comm kernels for SM {majors} only"
     for i, a in enumerate(devices):
         for b in devices[i + 1 :]:
             if not inv.any_p2p(a, b):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from node_agent.errors import FixtureError
 
@@ -30,6 +31,16 @@ P2P_OK = 0
 """``NVML_P2P_STATUS_OK``."""
 P2P_CAPS = ("read", "write", "nvlink", "atomics", "pci")
 """``nvmlGpuP2PCapsIndex_t`` names in index order (0..4)."""
+COMM_KERNEL_GENERATIONS: Final[Mapping[int, str]] = MappingProxyType({9: "Hopper", 10: "Blackwell"})
+"""SM major -> GPU generation, for the GPUs FlashInfer 0.6.13 builds its trtllm and mnnvl
+allreduce-fusion comm kernels for (``flashinfer/jit/comm.py``; 0.7.2 adds SM 12 to trtllm only). On
+any other GPU neither backend exists. The one place of this fact: the probe's applicability check
+and the simulated hardware's model both read it."""
+
+
+def has_comm_kernels(cc: tuple[int, int]) -> bool:
+    """Whether FlashInfer builds its allreduce-fusion comm kernels for compute capability ``cc``."""
+    return cc[0] in COMM_KERNEL_GENERATIONS
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ Everything is read-only. ``cuInit`` plus ``cuDeviceGetAttribute`` need no contex
 nothing; no multicast object is created. A reading that fails lands in ``errors`` and the rest
 still comes back.
 
+Each reading is one function returning a ``Reading`` (the keys it adds, and its errors), registered
+in an ordered table: ``HOST_READINGS`` for the host document, ``GPU_READINGS`` for one GPU's entry.
+``read_host`` folds the host table; the ``gpus`` reading folds the GPU table per GPU. A new reading
+is one function and one line in its table; the loops do not change.
+
 Exit codes: 0 the host JSON is on stdout; 3 NVML is unavailable (JSON ``{"error": ...}``);
 anything else is a failure of this program.
 
@@ -27,6 +32,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,165 +70,364 @@ def _bus_key(bus_id: str) -> tuple[int, str]:
         return -1, bus_id.lower()
 
 
-def _cuda_readings(errors: list[str]) -> tuple[dict[tuple[int, str], dict[str, int]], int | None, bool | None]:
-    """Attributes per PCI bus id, the driver's CUDA version, whether cuMulticastCreate is exported."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        errors.append(f"libcuda: {exc}")
-        return {}, None, None
-    exported = hasattr(lib, "cuMulticastCreate")
-    rc = lib.cuInit(0)
-    if rc != 0:
-        errors.append(f"cuInit returned {rc}")
-        return {}, None, exported
-    version = ctypes.c_int()
-    driver_version = version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
-    count = ctypes.c_int()
-    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        errors.append("cuDeviceGetCount failed")
-        return {}, driver_version, exported
-    by_bus: dict[tuple[int, str], dict[str, int]] = {}
-    for ordinal in range(count.value):
-        dev = ctypes.c_int()
-        if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
-            errors.append(f"cuDeviceGet({ordinal}) failed")
-            continue
-        bus = ctypes.create_string_buffer(64)
-        if lib.cuDeviceGetPCIBusId(bus, 64, dev) != 0:
-            errors.append(f"cuDeviceGetPCIBusId({ordinal}) failed")
-            continue
-        attrs: dict[str, int] = {}
-        for name, attr in CUDA_ATTRIBUTES.items():
-            value = ctypes.c_int()
-            rc = lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev)
-            if rc == 0:
-                attrs[name] = value.value
-            else:
-                errors.append(f"cuDeviceGetAttribute({name}) on device {ordinal} returned {rc}")
-        by_bus[_bus_key(bus.value.decode())] = attrs
-    return by_bus, driver_version, exported
+@dataclass(frozen=True)
+class Reading:
+    """What one reading adds to the host document (or to one GPU's entry), and the errors met on the
+    way. A reading that fails returns its "unknown" value and the error: the rest still comes back."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
 
 
-def read_host() -> dict[str, Any]:
-    """Read this host. Raises ``RuntimeError('nvml: ...')`` if NVML does not initialise."""
+def _attempt(what: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, tuple[str, ...]]:
+    """``fn(*args)``, or None and the error named after ``what``."""
     try:
-        import pynvml as nv
-    except ImportError as exc:
-        raise RuntimeError(f"nvml: nvidia-ml-py is not installed ({exc})") from exc
-    try:
-        nv.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        raise RuntimeError(f"nvml: {exc}") from exc
+        return fn(*args), ()
+    except Exception as exc:
+        return None, (f"{what}: {exc}",)
 
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as NVML numbers it, with the handle every per-GPU reading uses."""
+
+    index: int
+    handle: Any
+
+
+@dataclass(frozen=True)
+class Devices:
+    """NVML's handles in index order (None where the lookup failed) and the errors of each lookup."""
+
+    handles: tuple[Any, ...]
+    errors: tuple[tuple[str, ...], ...]
+    count_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the host readings read from: NVML (the pynvml module), its devices, and a loader of libcuda."""
+
+    nv: Any
+    devices: Devices
+    load_libcuda: Callable[[], Any]
+
+
+GpuReading = Callable[[Any, Device], Reading]
+"""One reading of one GPU: ``(nv, device) -> Reading`` with keys of that GPU's entry."""
+HostReading = Callable[[Host, Mapping[str, Any]], Reading]
+"""One reading of the host: ``(host, document so far) -> Reading`` with keys of the host document."""
+
+
+def open_devices(nv: Any) -> Devices:
+    count, count_errors = _attempt("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
+    lookups = [
+        _attempt(f"nvmlDeviceGetHandleByIndex({i})", nv.nvmlDeviceGetHandleByIndex, i) for i in range(count or 0)
+    ]
+    return Devices(tuple(h for h, _ in lookups), tuple(e for _, e in lookups), count_errors)
+
+
+# -- per-GPU readings (in the order they are read; the entry's keys follow GPU_KEYS) ---------------
+
+
+def memory(nv: Any, gpu: Device) -> Reading:
+    mem, errors = _attempt(f"gpu {gpu.index} memory", nv.nvmlDeviceGetMemoryInfo, gpu.handle)
+    return Reading({"memory_total_mib": int(mem.total // (1024 * 1024)) if mem is not None else None}, errors)
+
+
+def compute_capability(nv: Any, gpu: Device) -> Reading:
+    cc, errors = _attempt(f"gpu {gpu.index} compute capability", nv.nvmlDeviceGetCudaComputeCapability, gpu.handle)
+    return Reading({"cc": [int(cc[0]), int(cc[1])] if cc else None}, errors)
+
+
+def pci(nv: Any, gpu: Device) -> Reading:
+    info, errors = _attempt(f"gpu {gpu.index} pci", nv.nvmlDeviceGetPciInfo, gpu.handle)
+    return Reading({"pci_bus_id": _text(info.busId) if info is not None else ""}, errors)
+
+
+def nvlinks(nv: Any, gpu: Device) -> Reading:
+    """Every link up to the first the GPU does not have; remote type and version of active ones."""
+    links: list[dict[str, Any]] = []
     errors: list[str] = []
-
-    def attempt(what: str, fn: Any, *args: Any) -> Any:
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
-            return fn(*args)
-        except Exception as exc:
-            errors.append(f"{what}: {exc}")
-            return None
-
-    doc: dict[str, Any] = {
-        "host": None,
-        "recorded_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "recorded_by": f"fiar-agent {__version__}",
-        "env": {k: os.environ[k] for k in contract.HOST_POLICY_ENV if k in os.environ},
-        "nvml_version": _text(attempt("nvmlSystemGetNVMLVersion", nv.nvmlSystemGetNVMLVersion)),
-        "driver_version": _text(attempt("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion)),
-        "cuda_driver_version": attempt("nvmlSystemGetCudaDriverVersion_v2", nv.nvmlSystemGetCudaDriverVersion_v2),
-    }
-    count = attempt("nvmlDeviceGetCount", nv.nvmlDeviceGetCount) or 0
-    handles = []
-    gpus: list[dict[str, Any]] = []
-    for i in range(count):
-        h = attempt(f"nvmlDeviceGetHandleByIndex({i})", nv.nvmlDeviceGetHandleByIndex, i)
-        handles.append(h)
-        if h is None:
+            active = nv.nvmlDeviceGetNvLinkState(gpu.handle, link)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                break  # no (more) links on this GPU
+            errors.append(f"gpu {gpu.index} nvlink {link} state: {exc}")
             continue
-        mem = attempt(f"gpu {i} memory", nv.nvmlDeviceGetMemoryInfo, h)
-        cc = attempt(f"gpu {i} compute capability", nv.nvmlDeviceGetCudaComputeCapability, h)
-        pci = attempt(f"gpu {i} pci", nv.nvmlDeviceGetPciInfo, h)
-        links = []
-        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-            try:
-                active = nv.nvmlDeviceGetNvLinkState(h, link)
-            except nv.NVMLError as exc:
-                if getattr(exc, "value", None) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
-                    break  # no (more) links on this GPU
-                errors.append(f"gpu {i} nvlink {link} state: {exc}")
-                continue
-            entry: dict[str, Any] = {"link": link, "active": int(active), "remote_type": None, "version": None}
-            if active:
-                with contextlib.suppress(nv.NVMLError):
-                    entry["remote_type"] = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
-                with contextlib.suppress(nv.NVMLError):
-                    entry["version"] = int(nv.nvmlDeviceGetNvLinkVersion(h, link))
-            links.append(entry)
-        fabric = None
-        if hasattr(nv, "c_nvmlGpuFabricInfoV_t"):
-            info = nv.c_nvmlGpuFabricInfoV_t()
-            try:
-                nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))  # by value segfaults
-                fabric = {
-                    "state": int(info.state),
-                    "status": int(info.status),
-                    "cliqueId": int(info.cliqueId),
-                    "clusterUuid": bytes(info.clusterUuid).hex(),
-                    "healthMask": int(info.healthMask),
-                }
-            except nv.NVMLError as exc:
-                if getattr(exc, "value", None) != NVML_ERROR_NOT_SUPPORTED:
-                    errors.append(f"gpu {i} fabric info: {exc}")
-        procs = attempt(f"gpu {i} compute processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
-        gpus.append(
-            {
-                "index": i,
-                "name": _text(attempt(f"gpu {i} name", nv.nvmlDeviceGetName, h)),
-                "uuid": _text(attempt(f"gpu {i} uuid", nv.nvmlDeviceGetUUID, h)),
-                "pci_bus_id": _text(pci.busId) if pci is not None else "",
-                "memory_total_mib": int(mem.total // (1024 * 1024)) if mem is not None else None,
-                "cc": [int(cc[0]), int(cc[1])] if cc else None,
-                "nvlinks": links,
-                "fabric_v2": fabric,
-                "compute_processes": len(procs) if procs is not None else 0,
+        entry: dict[str, Any] = {"link": link, "active": int(active), "remote_type": None, "version": None}
+        if active:
+            with contextlib.suppress(nv.NVMLError):
+                entry["remote_type"] = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(gpu.handle, link))
+            with contextlib.suppress(nv.NVMLError):
+                entry["version"] = int(nv.nvmlDeviceGetNvLinkVersion(gpu.handle, link))
+        links.append(entry)
+    return Reading({"nvlinks": links}, tuple(errors))
+
+
+def fabric(nv: Any, gpu: Device) -> Reading:
+    """``nvmlGpuFabricInfo`` v2; None where NVML has no such call or the GPU no fabric."""
+    if not hasattr(nv, "c_nvmlGpuFabricInfoV_t"):
+        return Reading({"fabric_v2": None})
+    info = nv.c_nvmlGpuFabricInfoV_t()
+    try:
+        nv.nvmlDeviceGetGpuFabricInfoV(gpu.handle, ctypes.byref(info))  # by value segfaults
+    except nv.NVMLError as exc:
+        if getattr(exc, "value", None) != NVML_ERROR_NOT_SUPPORTED:
+            return Reading({"fabric_v2": None}, (f"gpu {gpu.index} fabric info: {exc}",))
+        return Reading({"fabric_v2": None})
+    return Reading(
+        {
+            "fabric_v2": {
+                "state": int(info.state),
+                "status": int(info.status),
+                "cliqueId": int(info.cliqueId),
+                "clusterUuid": bytes(info.clusterUuid).hex(),
+                "healthMask": int(info.healthMask),
             }
-        )
-    p2p: dict[str, dict[str, Any]] = {}
+        }
+    )
+
+
+def compute_processes(nv: Any, gpu: Device) -> Reading:
+    procs, errors = _attempt(f"gpu {gpu.index} compute processes", nv.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
+    return Reading({"compute_processes": len(procs) if procs is not None else 0}, errors)
+
+
+def name(nv: Any, gpu: Device) -> Reading:
+    value, errors = _attempt(f"gpu {gpu.index} name", nv.nvmlDeviceGetName, gpu.handle)
+    return Reading({"name": _text(value)}, errors)
+
+
+def uuid(nv: Any, gpu: Device) -> Reading:
+    value, errors = _attempt(f"gpu {gpu.index} uuid", nv.nvmlDeviceGetUUID, gpu.handle)
+    return Reading({"uuid": _text(value)}, errors)
+
+
+GPU_READINGS: tuple[tuple[str, GpuReading], ...] = (
+    ("memory", memory),
+    ("compute capability", compute_capability),
+    ("pci", pci),
+    ("nvlinks", nvlinks),
+    ("fabric", fabric),
+    ("compute processes", compute_processes),
+    ("name", name),
+    ("uuid", uuid),
+)
+"""Every reading of one GPU, in the order they are taken. A new one is a function and a line here."""
+GPU_KEYS = (
+    "index", "name", "uuid", "pci_bus_id", "memory_total_mib", "cc", "nvlinks", "fabric_v2", "compute_processes",
+)  # fmt: skip
+"""The recorded order of a GPU entry's keys (a reading's new keys follow them)."""
+
+
+def read_gpu(nv: Any, gpu: Device) -> Reading:
+    """One GPU's entry: the fold of ``GPU_READINGS``."""
+    entry: dict[str, Any] = {"index": gpu.index}
+    errors: list[str] = []
+    for _name, reading in GPU_READINGS:
+        piece = reading(nv, gpu)
+        entry.update(piece.values)
+        errors.extend(piece.errors)
+    return Reading(_ordered(entry, GPU_KEYS), tuple(errors))
+
+
+# -- host readings (in the order they are read; the document's keys follow DOC_KEYS) ----------------
+
+
+def provenance(host: Host, doc: Mapping[str, Any]) -> Reading:
+    """When and by what the host was read, and the host-policy variables the agent sees."""
+    return Reading(
+        {
+            "recorded_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "recorded_by": f"fiar-agent {__version__}",
+            "env": {k: os.environ[k] for k in contract.HOST_POLICY_ENV if k in os.environ},
+        }
+    )
+
+
+def system_versions(host: Host, doc: Mapping[str, Any]) -> Reading:
+    nv = host.nv
+    nvml, e1 = _attempt("nvmlSystemGetNVMLVersion", nv.nvmlSystemGetNVMLVersion)
+    driver, e2 = _attempt("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion)
+    cuda, e3 = _attempt("nvmlSystemGetCudaDriverVersion_v2", nv.nvmlSystemGetCudaDriverVersion_v2)
+    values = {"nvml_version": _text(nvml), "driver_version": _text(driver), "cuda_driver_version": cuda}
+    return Reading(values, e1 + e2 + e3)
+
+
+def gpus(host: Host, doc: Mapping[str, Any]) -> Reading:
+    """Every GPU with a handle (``read_gpu``); a failed lookup leaves that GPU out, with its error."""
+    entries: list[dict[str, Any]] = []
+    errors = list(host.devices.count_errors)
+    for index, (handle, lookup_errors) in enumerate(zip(host.devices.handles, host.devices.errors, strict=True)):
+        errors.extend(lookup_errors)
+        if handle is None:
+            continue
+        piece = read_gpu(host.nv, Device(index, handle))
+        entries.append(dict(piece.values))
+        errors.extend(piece.errors)
+    return Reading({"gpus": entries}, tuple(errors))
+
+
+def p2p(host: Host, doc: Mapping[str, Any]) -> Reading:
+    """P2P status per capability and the PCIe common ancestor, for every ordered pair of GPUs."""
+    nv, handles = host.nv, host.devices.handles
+    pairs: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
     for a, ha in enumerate(handles):
         for b, hb in enumerate(handles):
             if a == b or ha is None or hb is None:
                 continue
-            entry = {
-                cap: attempt(f"p2p {a}->{b} {cap}", nv.nvmlDeviceGetP2PStatus, ha, hb, idx)
-                for cap, idx in P2P_INDEXES.items()
-            }
-            entry["common_ancestor"] = attempt(f"topology {a}->{b}", nv.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
-            p2p[f"{a}->{b}"] = entry
-    by_bus, cuda_version, exported = _cuda_readings(errors)
+            entry: dict[str, Any] = {}
+            for cap, idx in P2P_INDEXES.items():
+                entry[cap], e = _attempt(f"p2p {a}->{b} {cap}", nv.nvmlDeviceGetP2PStatus, ha, hb, idx)
+                errors.extend(e)
+            ancestor = _attempt(f"topology {a}->{b}", nv.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+            entry["common_ancestor"] = ancestor[0]
+            errors.extend(ancestor[1])
+            pairs[f"{a}->{b}"] = entry
+    return Reading({"p2p": pairs}, tuple(errors))
+
+
+def cuda(host: Host, doc: Mapping[str, Any]) -> Reading:
+    """CUDA driver attributes per GPU (matched by PCI bus id), whether libcuda exports
+    ``cuMulticastCreate``, and the CUDA driver version where NVML could not say."""
+    found = read_cuda(host.load_libcuda)
+    errors = list(found.errors)
     attributes: list[dict[str, int] | None] = []
-    for gpu in gpus:
-        attrs = by_bus.get(_bus_key(gpu["pci_bus_id"]))
-        if attrs is None and gpus:
+    for gpu in doc.get("gpus", []):
+        attrs = found.by_bus.get(_bus_key(gpu["pci_bus_id"]))
+        if attrs is None:
             errors.append(f"gpu {gpu['index']}: not visible to the CUDA driver")
         attributes.append(attrs)
-    if doc["cuda_driver_version"] is None:
-        doc["cuda_driver_version"] = cuda_version
-    doc.update(
-        {
-            "multicast_create_exported": exported,
-            "gpus": gpus,
-            "p2p": p2p,
-            "cuda_attributes": attributes,
-            "errors": errors,
-        }
-    )
-    names = sorted({g["name"] for g in gpus})
-    doc["host"] = f"{len(gpus)}x {', '.join(names)}" if gpus else "no GPUs"
-    with contextlib.suppress(Exception):
-        nv.nvmlShutdown()
-    return doc
+    values: dict[str, Any] = {"multicast_create_exported": found.multicast_create_exported}
+    if doc.get("cuda_driver_version") is None:
+        values["cuda_driver_version"] = found.driver_version
+    values["cuda_attributes"] = attributes
+    return Reading(values, tuple(errors))
+
+
+def host_name(host: Host, doc: Mapping[str, Any]) -> Reading:
+    """``<n>x <models>`` or ``no GPUs``."""
+    entries = doc.get("gpus", [])
+    names = sorted({g["name"] for g in entries})
+    return Reading({"host": f"{len(entries)}x {', '.join(names)}" if entries else "no GPUs"})
+
+
+HOST_READINGS: tuple[tuple[str, HostReading], ...] = (
+    ("provenance", provenance),
+    ("system versions", system_versions),
+    ("gpus", gpus),
+    ("p2p", p2p),
+    ("cuda", cuda),
+    ("host name", host_name),
+)
+"""Every reading of the host, in the order they are taken; a later one sees what the earlier ones
+read. A new one is a function and a line here."""
+DOC_KEYS = (
+    "host", "recorded_at", "recorded_by", "env", "nvml_version", "driver_version", "cuda_driver_version",
+    "multicast_create_exported", "gpus", "p2p", "cuda_attributes", "errors",
+)  # fmt: skip
+"""The recorded order of the host document's keys (a reading's new keys follow them)."""
+
+
+def _ordered(values: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {**{k: values[k] for k in keys if k in values}, **values}
+
+
+# -- the CUDA driver --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CudaReading:
+    """What libcuda says, read without a context: attributes per PCI bus id, the driver's CUDA
+    version, whether ``cuMulticastCreate`` is exported (None: libcuda could not be loaded)."""
+
+    by_bus: Mapping[tuple[int, str], dict[str, int]] = field(default_factory=dict)
+    driver_version: int | None = None
+    multicast_create_exported: bool | None = None
+    errors: tuple[str, ...] = ()
+
+
+def _device_attributes(lib: Any, ordinal: int) -> tuple[tuple[tuple[int, str], dict[str, int]] | None, list[str]]:
+    """One device's bus id and ``CUDA_ATTRIBUTES``, or None when the device cannot be named."""
+    dev = ctypes.c_int()
+    if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+        return None, [f"cuDeviceGet({ordinal}) failed"]
+    bus = ctypes.create_string_buffer(64)
+    if lib.cuDeviceGetPCIBusId(bus, 64, dev) != 0:
+        return None, [f"cuDeviceGetPCIBusId({ordinal}) failed"]
+    attrs: dict[str, int] = {}
+    errors: list[str] = []
+    for attr_name, attr in CUDA_ATTRIBUTES.items():
+        value = ctypes.c_int()
+        rc = lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev)
+        if rc == 0:
+            attrs[attr_name] = value.value
+        else:
+            errors.append(f"cuDeviceGetAttribute({attr_name}) on device {ordinal} returned {rc}")
+    return (_bus_key(bus.value.decode()), attrs), errors
+
+
+def read_cuda(load_libcuda: Callable[[], Any]) -> CudaReading:
+    try:
+        lib = load_libcuda()
+    except OSError as exc:
+        return CudaReading(errors=(f"libcuda: {exc}",))
+    exported = hasattr(lib, "cuMulticastCreate")
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return CudaReading(multicast_create_exported=exported, errors=(f"cuInit returned {rc}",))
+    version = ctypes.c_int()
+    driver_version = version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+    count = ctypes.c_int()
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return CudaReading({}, driver_version, exported, ("cuDeviceGetCount failed",))
+    by_bus: dict[tuple[int, str], dict[str, int]] = {}
+    errors: list[str] = []
+    for ordinal in range(count.value):
+        found, device_errors = _device_attributes(lib, ordinal)
+        errors.extend(device_errors)
+        if found is not None:
+            by_bus[found[0]] = found[1]
+    return CudaReading(by_bus, driver_version, exported, tuple(errors))
+
+
+def _libcuda() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise RuntimeError(f"nvml: nvidia-ml-py is not installed ({exc})") from exc
+    return pynvml
+
+
+def read_host(nv: Any = None, load_libcuda: Callable[[], Any] = _libcuda) -> dict[str, Any]:
+    """Read this host: the fold of ``HOST_READINGS``. ``nv`` is the pynvml module (imported when
+    None). Raises ``RuntimeError('nvml: ...')`` if NVML does not initialise."""
+    nv = _nvml() if nv is None else nv
+    try:
+        nv.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        raise RuntimeError(f"nvml: {exc}") from exc
+    try:
+        host = Host(nv, open_devices(nv), load_libcuda)
+        doc: dict[str, Any] = {}
+        errors: list[str] = []
+        for _name, reading in HOST_READINGS:
+            piece = reading(host, doc)
+            doc.update(piece.values)
+            errors.extend(piece.errors)
+        doc["errors"] = errors
+        return _ordered(doc, DOC_KEYS)
+    finally:
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()
 
 
 def read_driver_version() -> str:

@@ -26,14 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Any
 
 import fiar_contract as contract
 from node_agent import backends
 from node_agent import report as report_mod
 from node_agent.errors import ConfigError, HardwareError
 from node_agent.hardware import Hardware
-from node_agent.inventory import Gpu, Inventory
+from node_agent.inventory import COMM_KERNEL_GENERATIONS, Gpu, Inventory, has_comm_kernels
 from node_agent.policy import HostPolicy, resolve
 from node_agent.smoke import launcher
 from node_agent.smoke.outcome import (
@@ -128,16 +128,12 @@ def _covers(entry: str, cc: tuple[int, int]) -> bool | None:
     return cc[0] == major and cc[1] >= minor
 
 
-COMM_KERNEL_SM_MAJORS: Final = (9, 10)
-"""GPU generations FlashInfer builds its allreduce-fusion comm kernels for (Hopper, Blackwell;
-``flashinfer/jit/comm.py``). On any other GPU neither backend exists: a conclusive ``none``."""
-
-
 def unsupported_generation(gpus: Sequence[Gpu]) -> str | None:
-    """Why FlashInfer has no allreduce-fusion kernels for one of ``gpus``, or None."""
+    """Why FlashInfer has no allreduce-fusion kernels for one of ``gpus`` (``COMM_KERNEL_GENERATIONS``),
+    or None. On such a GPU neither backend exists: the tests are not applicable, a conclusive ``none``."""
     for g in gpus:
-        if g.cc is not None and g.cc[0] not in COMM_KERNEL_SM_MAJORS:
-            majors = " and ".join(f"{m}.x" for m in COMM_KERNEL_SM_MAJORS)
+        if g.cc is not None and not has_comm_kernels(g.cc):
+            majors = " and ".join(f"{m}.x" for m in COMM_KERNEL_GENERATIONS)
             return (
                 f"GPU {g.index} is SM {g.cc_str}: FlashInfer builds its allreduce-fusion kernels for SM {majors} only"
             )

@@ -25,15 +25,19 @@ The probe is ``degraded`` when a step could not give an answer (no inventory, a 
 software, busy GPUs, kernels that could not be built or loaded); a backend that fails its test is a
 finding, not a degradation.
 
-``none`` needs every backend that could run on the node to have been tried. A probe in which no
-backend passed but one could not be tested (skipped as degraded: GPUs busy, torch/FlashInfer
-missing, kernels not built, cancelled), or whose GPUs could not be read, claims no verdict: an
-untested trtllm may work, and ``none`` would hand the node the fallback (vLLM's ``auto``, which
-picks mnnvl). With a ``PreviousVerdict`` (an earlier report of the same driver, GPUs and host
-policy that wrote ``fiar.io/backend``; of the same host policy when the GPUs cannot be read now)
-its ``backend``, ``multicast``, ``mnnvl`` and ``trtllm`` labels are kept, and also ``gpus`` and
-``clique`` when the GPUs cannot be read; without one ``fiar.io/backend`` is left out (absent means
-"not probed", not ``none``). The reasons say which.
+``none`` is written only by a conclusive probe (the rule and its reasons:
+docs/DESIGN.md#verdict-none; ``conclude`` applies it). An inconclusive probe claims no verdict. With
+a ``PreviousVerdict`` (an earlier report of the same driver, GPUs and host policy that wrote
+``fiar.io/backend``; of the same host policy when the GPUs cannot be read now) its ``backend``,
+``multicast``, ``mnnvl`` and ``trtllm`` labels are kept, and also ``gpus`` and ``clique`` when the
+GPUs cannot be read; without one ``fiar.io/backend`` is left out (absent means "not probed", not
+``none``). The reasons say which.
+
+Each rule is one function with typed input and output, and ``decide`` composes them:
+``multicast_state`` (``fiar.io/multicast``), ``choose_backend`` (one ``judge_backend`` per backend,
+in ``backends.NAMES`` order), ``conclude`` (whether that choice may be written: the ``none`` rule),
+``hardware_labels`` (``fiar.io/gpus``, ``fiar.io/clique``), and for an inconclusive probe
+``keep_previous`` or ``claim_nothing``.
 """
 
 from __future__ import annotations
@@ -129,32 +133,176 @@ def clique(inv: Inventory) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def multicast_state(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutcome) -> tuple[contract.Multicast, str]:
+@dataclass(frozen=True)
+class MulticastFinding:
+    state: contract.Multicast
+    reason: str
+
+
+def multicast_state(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutcome) -> MulticastFinding:
+    """``fiar.io/multicast``: the host policy first, then what the hardware and the mnnvl test showed."""
     if policy.multicast_forbidden:
-        return "disabled", f"multicast disabled by host policy ({', '.join(policy.sources)})"
+        return MulticastFinding("disabled", f"multicast disabled by host policy ({', '.join(policy.sources)})")
     if inv is None:
-        return "unknown", "multicast unknown: the GPUs could not be read"
+        return MulticastFinding("unknown", "multicast unknown: the GPUs could not be read")
     if not inv.gpus:
-        return "unknown", "multicast unknown: no GPUs"
+        return MulticastFinding("unknown", "multicast unknown: no GPUs")
     attrs = [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus]
     if any(a == 0 for a in attrs):
         zero = [g.index for g, a in zip(inv.gpus, attrs, strict=True) if a == 0]
-        return "unsupported", f"multicast unsupported: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on GPU {zero}"
+        return MulticastFinding(
+            "unsupported", f"multicast unsupported: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on GPU {zero}"
+        )
     if inv.multicast_create_exported is False:
-        return "unsupported", "multicast unsupported: libcuda does not export cuMulticastCreate (driver < 535)"
+        return MulticastFinding(
+            "unsupported", "multicast unsupported: libcuda does not export cuMulticastCreate (driver < 535)"
+        )
     if mnnvl.result == "pass":
-        return "supported", "multicast supported: the mnnvl workspace had a multicast pointer and its allreduce passed"
+        return MulticastFinding(
+            "supported", "multicast supported: the mnnvl workspace had a multicast pointer and its allreduce passed"
+        )
     if mnnvl.kind == KIND_NULL_MC_PTR:
-        return (
+        return MulticastFinding(
             "unsupported",
             "multicast unsupported: the device attribute reads 1 but the workspace got no multicast pointer",
         )
     if any(a is None for a in attrs):
-        return "unknown", "multicast unknown: the device attribute could not be read"
-    return (
+        return MulticastFinding("unknown", "multicast unknown: the device attribute could not be read")
+    return MulticastFinding(
         "unknown",
         "multicast unknown: the device attribute reads 1 (necessary, not sufficient) and no mnnvl test proved it",
     )
+
+
+@dataclass(frozen=True)
+class BackendJudgement:
+    """What one backend's smoke test and benchmark say about recommending it."""
+
+    recommended: bool
+    reason: str
+    bench: BenchJudgement | None = None
+
+
+def judge_backend(outcome: SmokeOutcome, margin: float) -> BackendJudgement:
+    """A backend is recommended when its test passed and it is not slower than NCCL beyond ``margin``."""
+    name = outcome.backend
+    if outcome.result != "pass":
+        return BackendJudgement(False, f"{name} {outcome.result}: {outcome.reason or outcome.kind}")
+    judgement = judge_bench(outcome, margin)
+    where = f"{len(outcome.devices)} GPUs" if outcome.devices else "the GPUs"
+    passed = f"{name} passed eagerly and under CUDA-graph replay on {where}"
+    if outcome.reused_from:
+        passed += f" (result kept from the probe at {outcome.reused_from})"
+    if judgement is None:
+        return BackendJudgement(True, passed + "; not benchmarked against NCCL")
+    ratio = f"{judgement.geomean_ratio:.2f}x NCCL's latency (geometric mean of {judgement.points} sizes)"
+    if not judgement.recommended:
+        return BackendJudgement(False, f"{passed}, but is not recommended: {ratio} exceeds 1 + {margin:.2f}", judgement)
+    return BackendJudgement(True, f"{passed}; {ratio}", judgement)
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: contract.Verdict
+    """The first recommended backend in ``backends.NAMES`` order, else ``none``."""
+    reasons: tuple[str, ...]
+    bench: Mapping[str, BenchJudgement]
+
+
+def choose_backend(tests: Mapping[contract.Backend, SmokeOutcome], margin: float) -> BackendChoice:
+    """``fiar.io/backend`` before the probe is checked for being conclusive."""
+    backend: contract.Verdict = "none"
+    reasons: list[str] = []
+    bench: dict[str, BenchJudgement] = {}
+    for name in backends.NAMES:  # in order of preference
+        judged = judge_backend(tests[name], margin)
+        reasons.append(judged.reason)
+        if judged.bench is not None:
+            bench[name] = judged.bench
+        if judged.recommended and backend == "none":
+            backend = name
+    return BackendChoice(backend, tuple(reasons), bench)
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """Whether the probe may write the backend it chose."""
+
+    conclusive: bool
+    untested: tuple[str, ...]
+    """Backends this probe could not test (skipped as degraded)."""
+    reason: str | None = None
+    """Why ``none``, when ``none`` is conclusive."""
+
+
+def conclude(
+    inv: Inventory | None, tests: Mapping[contract.Backend, SmokeOutcome], backend: contract.Verdict
+) -> Conclusion:
+    """``none`` needs every backend that could run here to have been tried: a test this probe could not
+    run (kernels not built, torch missing, GPUs busy, cancelled) might have passed, and unreadable GPUs
+    say nothing. A backend that passed is conclusive whatever else happened."""
+    untested = tuple(name for name, t in tests.items() if t.result == "skipped" and t.degraded)
+    if backend != "none":
+        return Conclusion(True, untested)
+    if inv is None or untested:
+        return Conclusion(False, untested)
+    gpus = len(inv.gpus)
+    if gpus < 2:
+        why = f"backend none: {gpus} GPU{'s' if gpus != 1 else ''}, no allreduce between GPUs on this node"
+        return Conclusion(True, untested, why)
+    return Conclusion(True, untested, "backend none: no backend passed its smoke test and benchmark")
+
+
+def hardware_labels(inv: Inventory | None) -> dict[str, str]:
+    """``fiar.io/gpus`` (0 when the GPUs cannot be read) and ``fiar.io/clique`` where the fabric has one."""
+    labels = {contract.LABEL_GPUS: str(len(inv.gpus) if inv is not None else 0)}
+    value = clique(inv) if inv is not None else None
+    if value is not None:
+        labels[contract.LABEL_CLIQUE] = value
+    return labels
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The labels a probe writes, and the backend and multicast state they say."""
+
+    labels: dict[str, str]
+    backend: contract.Verdict | None
+    multicast: contract.Multicast
+    reason: str | None = None
+    kept_from: str | None = None
+
+
+def keep_previous(found: Settled, inv: Inventory | None, untested: Sequence[str], previous: PreviousVerdict) -> Settled:
+    """An inconclusive probe keeps the verdict labels of ``previous`` (and its hardware labels when the
+    GPUs cannot be read now)."""
+    labels = dict(found.labels)
+    for key in VERDICT_LABELS:
+        if key in previous.labels:
+            labels[key] = previous.labels[key]
+    if inv is None:
+        labels.update(previous.hardware)
+    multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), found.multicast)
+    same = "same host policy; the GPUs could not be read" if inv is None else "same driver, GPUs and host policy"
+    reason = (
+        f"no backend passed and {_untested(untested, inv)}; the verdict labels of the probe at "
+        f"{previous.probe_time} ({same}) are kept"
+    )
+    return Settled(
+        labels, contract.verdict_value(labels[contract.LABEL_BACKEND]), multicast, reason, previous.probe_time
+    )
+
+
+def claim_nothing(found: Settled, inv: Inventory | None, untested: Sequence[str]) -> Settled:
+    """An inconclusive probe without a previous verdict leaves ``fiar.io/backend`` out: absent means
+    "not probed", ``none`` would be a finding."""
+    labels = {k: v for k, v in found.labels.items() if k != contract.LABEL_BACKEND}
+    reason = (
+        f"no verdict: no backend passed and {_untested(untested, inv)}, and there is no earlier verdict of "
+        f"the same driver, GPUs and host policy to keep; {contract.LABEL_BACKEND} is not written (absent "
+        "means not probed)"
+    )
+    return Settled(labels, None, found.multicast, reason)
 
 
 def decide(
@@ -166,92 +314,35 @@ def decide(
     inventory_error: str | None = None,
     previous: PreviousVerdict | None = None,
 ) -> Verdict:
-    reasons: list[str] = []
-    if inventory_error:
-        reasons.append(inventory_error)
-    multicast, why = multicast_state(inv, policy, tests[backends.MULTICAST_PROOF])
-    reasons.append(why)
-
-    judgements: dict[str, BenchJudgement] = {}
-    backend: contract.Verdict = "none"
-    for name in backends.NAMES:  # in order of preference
-        outcome = tests[name]
-        if outcome.result != "pass":
-            reasons.append(f"{name} {outcome.result}: {outcome.reason or outcome.kind}")
-            continue
-        judgement = judge_bench(outcome, margin)
-        where = f"{len(outcome.devices)} GPUs" if outcome.devices else "the GPUs"
-        passed = f"{name} passed eagerly and under CUDA-graph replay on {where}"
-        if outcome.reused_from:
-            passed += f" (result kept from the probe at {outcome.reused_from})"
-        if judgement is not None:
-            judgements[name] = judgement
-            ratio = f"{judgement.geomean_ratio:.2f}x NCCL's latency (geometric mean of {judgement.points} sizes)"
-            if not judgement.recommended:
-                reasons.append(f"{passed}, but is not recommended: {ratio} exceeds 1 + {margin:.2f}")
-                continue
-            passed += f"; {ratio}"
-        else:
-            passed += "; not benchmarked against NCCL"
-        reasons.append(passed)
-        if backend == "none":
-            backend = name
-    gpus = len(inv.gpus) if inv is not None else 0
-    degraded = inv is None or any(t.degraded for t in tests.values())
-    # ``none`` needs every backend that could run here to have been tried: a test this probe could
-    # not run (kernels not built, torch missing, GPUs busy, cancelled) might have passed.
-    untested = [name for name, t in tests.items() if t.result == "skipped" and t.degraded]
-    inconclusive = backend == "none" and (inv is None or bool(untested))
-    if backend == "none" and not inconclusive:
-        if inv is not None and gpus < 2:
-            reasons.append(
-                f"backend none: {gpus} GPU{'s' if gpus != 1 else ''}, no allreduce between GPUs on this node"
-            )
-        else:
-            reasons.append("backend none: no backend passed its smoke test and benchmark")
-
+    """The labels and reasons of one probe: the rules above, composed."""
+    multicast = multicast_state(inv, policy, tests[backends.MULTICAST_PROOF])
+    choice = choose_backend(tests, margin)
+    conclusion = conclude(inv, tests, choice.backend)
     labels = {
-        contract.LABEL_BACKEND: backend,
-        contract.LABEL_MULTICAST: multicast,
+        contract.LABEL_BACKEND: choice.backend,
+        contract.LABEL_MULTICAST: multicast.state,
         **{contract.result_label(name): tests[name].result for name in backends.NAMES},
-        contract.LABEL_GPUS: str(gpus),
+        **hardware_labels(inv),
     }
-    if inv is not None:
-        value = clique(inv)
-        if value is not None:
-            labels[contract.LABEL_CLIQUE] = value
-    verdict: contract.Verdict | None = backend
-    kept_from: str | None = None
-    if inconclusive and previous is not None:
-        for key in VERDICT_LABELS:
-            if key in previous.labels:
-                labels[key] = previous.labels[key]
-        verdict = _verdict_value(labels[contract.LABEL_BACKEND])
-        multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), multicast)
-        kept_from = previous.probe_time
-        same = "same host policy; the GPUs could not be read" if inv is None else "same driver, GPUs and host policy"
-        reasons.append(
-            f"no backend passed and {_untested(untested, inv)}; the verdict labels of the probe at "
-            f"{previous.probe_time} ({same}) are kept"
-        )
-        if inv is None:
-            labels.update(previous.hardware)
-    elif inconclusive:
-        del labels[contract.LABEL_BACKEND]
-        verdict = None
-        reasons.append(
-            f"no verdict: no backend passed and {_untested(untested, inv)}, and there is no earlier verdict of "
-            f"the same driver, GPUs and host policy to keep; {contract.LABEL_BACKEND} is not written (absent "
-            "means not probed)"
-        )
+    found = Settled(labels, choice.backend, multicast.state, conclusion.reason)
+    if conclusion.conclusive:
+        settled = found
+    elif previous is not None:
+        settled = keep_previous(found, inv, conclusion.untested, previous)
+    else:
+        settled = claim_nothing(found, inv, conclusion.untested)
+    reasons = [*([inventory_error] if inventory_error else []), multicast.reason, *choice.reasons]
+    if settled.reason is not None:
+        reasons.append(settled.reason)
+    degraded = inv is None or any(t.degraded for t in tests.values())
     return Verdict(
-        labels=labels,
-        backend=verdict,
-        multicast=multicast,
+        labels=settled.labels,
+        backend=settled.backend,
+        multicast=settled.multicast,
         reasons=tuple(dict.fromkeys(reasons)),
         status="degraded" if degraded else "ok",
-        bench=judgements,
-        kept_from=kept_from,
+        bench=choice.bench,
+        kept_from=settled.kept_from,
     )
 
 
@@ -259,10 +350,3 @@ def _untested(untested: Sequence[str], inv: Inventory | None) -> str:
     if inv is None:
         return "the GPUs could not be read"
     return f"{' and '.join(untested)} could not be tested"
-
-
-def _verdict_value(value: str) -> contract.Verdict | None:
-    for candidate in contract.BACKEND_VERDICTS:
-        if value == candidate:
-            return candidate
-    return None

@@ -26,12 +26,17 @@ supervisor's summary and the child's exit into one ``SmokeOutcome``. The rules, 
    ``infrastructure`` when the ranks' stderr names an infrastructure error).
 
 A test that is ``skipped`` and degraded is inconclusive: the verdict never turns it into ``none``.
+
+Each rule is one function of the test's ``Ending`` that returns a ``Ruling`` or None (does not
+apply), listed in order in ``OUTCOME_RULES``; ``no_verdict`` (rule 9) comes last. The measurements
+(step durations, JIT, numerics, latency, benchmark points, versions) are merged apart from the
+rules into ``Measurements``, one function per step in ``STEP_MERGES``.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,56 +282,281 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _merge(
-    request: SmokeRequest, ranks: Sequence[Sequence[Mapping[str, Any]]]
-) -> tuple[dict[str, float], dict[str, Any], dict[str, Any], dict[str, float], tuple[BenchPoint, ...], dict[str, Any]]:
-    steps: dict[str, float] = {}
-    jit: dict[str, Any] = {}
-    numerics: dict[str, Any] = {}
-    latency: dict[str, float] = {}
-    bench: dict[tuple[int, int], BenchPoint] = {}
-    versions: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Measurements:
+    """What the ranks' ``ok`` events measured, merged over ranks (the worst rank counts)."""
+
+    steps: Mapping[str, float] = field(default_factory=dict)
+    jit: Mapping[str, Any] = field(default_factory=dict)
+    numerics: Mapping[str, Any] = field(default_factory=dict)
+    latency_us: Mapping[str, float] = field(default_factory=dict)
+    bench: tuple[BenchPoint, ...] = ()
+    versions: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Merging:
+    """The measurements while they are merged, event by event."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+    jit: dict[str, Any] = field(default_factory=dict)
+    numerics: dict[str, Any] = field(default_factory=dict)
+    latency: dict[str, float] = field(default_factory=dict)
+    bench: dict[tuple[int, int], BenchPoint] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+
+
+def _merge_import(m: _Merging, event: Mapping[str, Any]) -> None:
+    if not m.versions:
+        m.versions = dict(event.get("versions", {}))
+
+
+def _merge_jit(m: _Merging, event: Mapping[str, Any]) -> None:
+    m.jit["seconds"] = m.steps["jit"]
+    m.jit["cached"] = bool(event.get("cached", False)) and m.jit.get("cached", True)
+    if "source" in event:
+        m.jit["source"] = event["source"]
+
+
+def _merge_check(m: _Merging, event: Mapping[str, Any]) -> None:
+    m.numerics[f"{event.get('step')}_checks"] = int(event.get("checks", 0))
+    err = float(event.get("max_abs_err", 0.0))
+    m.numerics["max_abs_err"] = max(float(m.numerics.get("max_abs_err", 0.0)), err)
+
+
+def _merge_timing(m: _Merging, event: Mapping[str, Any]) -> None:
+    for key in ("eager_us", "graph_us"):
+        if key in event:
+            m.latency[key] = round(max(m.latency.get(key, 0.0), float(event[key])), 2)
+
+
+def _merge_benchmark(m: _Merging, event: Mapping[str, Any]) -> None:
+    for raw in event.get("points", ()):
+        point = BenchPoint.from_dict(raw)
+        where = (point.hidden, point.tokens)
+        old = m.bench.get(where)
+        if old is None:
+            m.bench[where] = point
+            continue
+        graph = [g for g in (old.backend_graph_us, point.backend_graph_us) if g is not None]
+        m.bench[where] = BenchPoint(
+            point.hidden,
+            point.tokens,
+            max(old.nccl_us, point.nccl_us),
+            max(old.backend_us, point.backend_us),
+            max(graph) if graph else None,
+        )
+
+
+STEP_MERGES: Mapping[str, Callable[[_Merging, Mapping[str, Any]], None]] = {
+    "import": _merge_import,
+    "jit": _merge_jit,
+    "eager": _merge_check,
+    "graph": _merge_check,
+    "timing": _merge_timing,
+    "benchmark": _merge_benchmark,
+}
+"""What an ``ok`` event of a step adds besides its duration (which every step has)."""
+
+
+def merge(request: SmokeRequest, ranks: Sequence[Sequence[Mapping[str, Any]]]) -> Measurements:
+    """Every rank's ``ok`` events as one set of measurements."""
+    m = _Merging()
     for events in ranks:
         for e in events:
             if e.get("status") != "ok":
                 continue
             step = str(e.get("step"))
-            steps[step] = round(max(steps.get(step, 0.0), float(e.get("dt", 0.0))), 4)
-            if step == "import" and not versions:
-                versions = dict(e.get("versions", {}))
-            elif step == "jit":
-                jit["seconds"] = steps["jit"]
-                jit["cached"] = bool(e.get("cached", False)) and jit.get("cached", True)
-                if "source" in e:
-                    jit["source"] = e["source"]
-            elif step in ("eager", "graph"):
-                numerics[f"{step}_checks"] = int(e.get("checks", 0))
-                err = float(e.get("max_abs_err", 0.0))
-                numerics["max_abs_err"] = max(float(numerics.get("max_abs_err", 0.0)), err)
-            elif step == "timing":
-                for key in ("eager_us", "graph_us"):
-                    if key in e:
-                        latency[key] = round(max(latency.get(key, 0.0), float(e[key])), 2)
-            elif step == "benchmark":
-                for raw in e.get("points", ()):
-                    point = BenchPoint.from_dict(raw)
-                    where = (point.hidden, point.tokens)
-                    old = bench.get(where)
-                    if old is None:
-                        bench[where] = point
-                    else:
-                        graph = [g for g in (old.backend_graph_us, point.backend_graph_us) if g is not None]
-                        bench[where] = BenchPoint(
-                            point.hidden,
-                            point.tokens,
-                            max(old.nccl_us, point.nccl_us),
-                            max(old.backend_us, point.backend_us),
-                            max(graph) if graph else None,
-                        )
-    if numerics:
-        numerics["reference"] = "sum over ranks computed in fp32 from the same bf16 inputs"
-        numerics["shape"] = [request.tokens, request.hidden]
-    return steps, jit, numerics, latency, tuple(bench[k] for k in sorted(bench)), versions
+            m.steps[step] = round(max(m.steps.get(step, 0.0), float(e.get("dt", 0.0))), 4)
+            merge_step = STEP_MERGES.get(step)
+            if merge_step is not None:
+                merge_step(m, e)
+    if m.numerics:
+        m.numerics["reference"] = "sum over ranks computed in fp32 from the same bf16 inputs"
+        m.numerics["shape"] = [request.tokens, request.hidden]
+    return Measurements(m.steps, m.jit, m.numerics, m.latency, tuple(m.bench[k] for k in sorted(m.bench)), m.versions)
+
+
+# -- how a test ended: ordered rules -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Everything a test's end is judged from: every rank's events, the supervisor's summary (None
+    when it wrote none) and the child's exit."""
+
+    request: SmokeRequest
+    ranks: Sequence[Sequence[Mapping[str, Any]]]
+    supervisor: Mapping[str, Any] | None
+    child: ChildResult
+
+    @property
+    def returncodes(self) -> list[Any]:
+        return list((self.supervisor or {}).get("returncodes", []))
+
+    def terminal(self, status: str) -> list[tuple[int, Mapping[str, Any]]]:
+        """(rank, event) for every rank whose first terminal event has ``status``."""
+        found = []
+        for r, events in enumerate(self.ranks):
+            first = next((e for e in events if e.get("status") in TERMINAL_STATUSES), None)
+            if first is not None and first["status"] == status:
+                found.append((r, first))
+        return found
+
+    def unfinished(self) -> list[tuple[int, Sequence[Mapping[str, Any]]]]:
+        return [(r, events) for r, events in enumerate(self.ranks) if _last(events, "done") is None]
+
+
+TERMINAL_STATUSES = FAILURE_STATUSES
+"""Event statuses with which a rank reports that it stops (``events.FAILURE_STATUSES``)."""
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """What one rule made of a test's end."""
+
+    result: contract.TestResult
+    kind: str
+    reason: str
+    degraded: bool = False
+
+
+OutcomeRule = Callable[[Ending], Ruling | None]
+"""One rule: a ruling, or None when the rule does not apply (the next one is asked)."""
+
+
+def timed_out(end: Ending) -> Ruling | None:
+    if not end.child.timed_out:
+        return None
+    stuck = [f"rank {r} in {_current_step(ev)}" for r, ev in end.unfinished()] or ["the launcher"]
+    reason = f"no result within {end.request.timeout_s:.0f}s ({'; '.join(stuck)}); the whole process group was killed"
+    return Ruling("timeout", KIND_HANG, reason, True)
+
+
+def cancelled(end: Ending) -> Ruling | None:
+    if not end.child.cancelled:
+        return None
+    return Ruling("skipped", KIND_CANCELLED, "the agent was stopped during the test", True)
+
+
+def software_missing(end: Ending) -> Ruling | None:
+    for _r, e in end.terminal("missing")[:1]:
+        return Ruling(
+            "skipped", KIND_UNAVAILABLE, f"torch or FlashInfer is not importable: {e.get('error', '?')}", True
+        )
+    return None
+
+
+def refused(end: Ending) -> Ruling | None:
+    for _r, e in end.terminal("refused")[:1]:
+        return Ruling("skipped", KIND_POLICY, str(e.get("error", "refused")))
+    return None
+
+
+def not_prebuilt(end: Ending) -> Ruling | None:
+    for _r, e in end.terminal("not_prebuilt")[:1]:
+        reason = f"kernels are not prebuilt and JIT was not allowed: {e.get('error', '')}".rstrip(": ")
+        return Ruling("skipped", KIND_NOT_PREBUILT, reason, True)
+    return None
+
+
+def untested_failure(end: Ending) -> Ruling | None:
+    """A failed step that says nothing about the backend (``UNTESTED_KINDS``)."""
+    for r, e in end.terminal("fail"):
+        step, error = str(e.get("step")), str(e.get("error", "failed"))
+        kind = failure_kind(step, error, str(e.get("kind", KIND_ERROR)))
+        if kind in UNTESTED_KINDS:
+            reason = f"rank {r}, step {step}: {UNTESTED_WHY[kind]} ({error}); the backend was not tested"
+            return Ruling("skipped", kind, reason, True)
+    return None
+
+
+def failed_step(end: Ending) -> Ruling | None:
+    for r, e in end.terminal("fail")[:1]:
+        reason = f"rank {r}, step {e.get('step')}: {e.get('error', 'failed')}"
+        return Ruling("fail", str(e.get("kind", KIND_ERROR)), reason)
+    return None
+
+
+def rank_signal(end: Ending) -> Ruling | None:
+    """A rank died from a signal the supervisor did not send."""
+    killed = set((end.supervisor or {}).get("killed", []))
+    for r, code in enumerate(end.returncodes):
+        if not (isinstance(code, int) and code < 0 and r not in killed):
+            continue
+        events = end.ranks[r] if r < len(end.ranks) else []
+        reason = (
+            f"rank {r} died with {_signal_name(code)} during {_current_step(events)} (contained in its process group)"
+        )
+        if code == -signal.SIGKILL:
+            why = UNTESTED_WHY[KIND_INFRASTRUCTURE]
+            reason += f": killed from outside the test (the kernel's OOM killer sends SIGKILL); {why}"
+            return Ruling("skipped", KIND_INFRASTRUCTURE, reason, True)
+        if not _reached_backend(events):
+            reason += f"; {UNTESTED_WHY[KIND_STARTUP]}, the backend was not tested"
+            return Ruling("skipped", KIND_STARTUP, reason, True)
+        return Ruling("fail", KIND_CRASH, reason)
+    return None
+
+
+def supervisor_signal(end: Ending) -> Ruling | None:
+    """The supervisor died from a signal before it wrote its summary."""
+    if end.supervisor is not None or end.child.signal_name is None:
+        return None
+    reason = f"the test supervisor died with {end.child.signal_name}"
+    sigkill = end.child.returncode == -signal.SIGKILL
+    if sigkill or not any(_reached_backend(ev) for ev in end.ranks):
+        kind = KIND_INFRASTRUCTURE if sigkill else KIND_STARTUP
+        return Ruling("skipped", kind, f"{reason}; the backend was not tested", True)
+    return Ruling("fail", KIND_CRASH, reason)
+
+
+def all_done(end: Ending) -> Ruling | None:
+    if len(end.ranks) == end.request.ranks and not end.unfinished():
+        return Ruling("pass", KIND_OK, "")
+    return None
+
+
+def no_verdict(end: Ending) -> Ruling:
+    """A rank exited without a verdict: a failure once it had reached the backend's steps."""
+    codes = end.returncodes
+    unfinished = end.unfinished()
+    details = [
+        f"rank {r} exited with {codes[r] if r < len(codes) else None} during {_current_step(events)}"
+        for r, events in unfinished
+    ]
+    tail = end.child.stderr_tail(4)
+    reason = "; ".join(details) or f"the test supervisor exited with {end.child.returncode}"
+    if not any(_reached_backend(ev) for _r, ev in unfinished):
+        kind = KIND_INFRASTRUCTURE if infrastructure_error(end.child.stderr_tail(40)) else KIND_STARTUP
+        reason += f": {UNTESTED_WHY[kind]}; the backend was not tested"
+        return Ruling("skipped", kind, reason + (f" | {tail}" if tail else ""), True)
+    return Ruling("fail", KIND_ERROR, reason + (f" | {tail}" if tail else ""))
+
+
+OUTCOME_RULES: tuple[OutcomeRule, ...] = (
+    timed_out,
+    cancelled,
+    software_missing,
+    refused,
+    not_prebuilt,
+    untested_failure,
+    failed_step,
+    rank_signal,
+    supervisor_signal,
+    all_done,
+)
+"""The rules of the module docstring, in order; the first that applies decides, ``no_verdict`` last.
+A new rule is one function and one line here."""
+
+
+def rule(end: Ending) -> Ruling:
+    """The ruling of the first rule that applies."""
+    for outcome_rule in OUTCOME_RULES:
+        ruling = outcome_rule(end)
+        if ruling is not None:
+            return ruling
+    return no_verdict(end)
 
 
 def classify(
@@ -337,99 +567,21 @@ def classify(
     child_env: Mapping[str, str],
 ) -> SmokeOutcome:
     """One outcome from every rank's events (see the module docstring for the rules)."""
-    steps, jit, numerics, latency, bench, versions = _merge(request, ranks)
-    common: dict[str, Any] = {
-        "devices": request.devices,
-        "steps": steps,
-        "jit": jit,
-        "numerics": numerics,
-        "latency_us": latency,
-        "bench": bench,
-        "versions": versions,
-        "child_env": dict(child_env),
-        "duration_s": child.duration_s,
-    }
-    b = request.backend
-    if child.timed_out:
-        stuck = [f"rank {r} in {_current_step(ev)}" for r, ev in enumerate(ranks) if _last(ev, "done") is None] or [
-            "the launcher"
-        ]
-        reason = f"no result within {request.timeout_s:.0f}s ({'; '.join(stuck)}); the whole process group was killed"
-        return SmokeOutcome(backend=b, result="timeout", kind=KIND_HANG, reason=reason, degraded=True, **common)
-    if child.cancelled:
-        return SmokeOutcome(b, "skipped", KIND_CANCELLED, "the agent was stopped during the test", True, **common)
-
-    terminal: list[tuple[int, Mapping[str, Any]]] = []
-    for r, events in enumerate(ranks):
-        for e in events:
-            if e.get("status") in FAILURE_STATUSES:
-                terminal.append((r, e))
-                break
-    by_status = {status: [(r, e) for r, e in terminal if e["status"] == status] for status in FAILURE_STATUSES}
-    if by_status["missing"]:
-        r, e = by_status["missing"][0]
-        reason = f"torch or FlashInfer is not importable: {e.get('error', '?')}"
-        return SmokeOutcome(b, "skipped", KIND_UNAVAILABLE, reason, True, **common)
-    if by_status["refused"]:
-        r, e = by_status["refused"][0]
-        return SmokeOutcome(b, "skipped", KIND_POLICY, str(e.get("error", "refused")), False, **common)
-    if by_status["not_prebuilt"]:
-        r, e = by_status["not_prebuilt"][0]
-        reason = f"kernels are not prebuilt and JIT was not allowed: {e.get('error', '')}".rstrip(": ")
-        return SmokeOutcome(b, "skipped", KIND_NOT_PREBUILT, reason, True, **common)
-    for r, e in by_status["fail"]:
-        step, error = str(e.get("step")), str(e.get("error", "failed"))
-        kind = failure_kind(step, error, str(e.get("kind", KIND_ERROR)))
-        if kind in UNTESTED_KINDS:
-            what = UNTESTED_WHY[kind]
-            reason = f"rank {r}, step {step}: {what} ({error}); the backend was not tested"
-            return SmokeOutcome(b, "skipped", kind, reason, True, **common)
-    if by_status["fail"]:
-        r, e = by_status["fail"][0]
-        kind = str(e.get("kind", KIND_ERROR))
-        reason = f"rank {r}, step {e.get('step')}: {e.get('error', 'failed')}"
-        return SmokeOutcome(b, "fail", kind, reason, False, **common)
-
-    codes = list((supervisor or {}).get("returncodes", []))
-    killed = set((supervisor or {}).get("killed", []))
-    reached = any(_reached_backend(ev) for ev in ranks)
-    for r, code in enumerate(codes):
-        if isinstance(code, int) and code < 0 and r not in killed:
-            events = ranks[r] if r < len(ranks) else []
-            step = _current_step(events)
-            reason = f"rank {r} died with {_signal_name(code)} during {step} (contained in its process group)"
-            if code == -signal.SIGKILL:
-                why = UNTESTED_WHY[KIND_INFRASTRUCTURE]
-                reason += f": killed from outside the test (the kernel's OOM killer sends SIGKILL); {why}"
-                return SmokeOutcome(b, "skipped", KIND_INFRASTRUCTURE, reason, True, **common)
-            if not _reached_backend(events):
-                reason += f"; {UNTESTED_WHY[KIND_STARTUP]}, the backend was not tested"
-                return SmokeOutcome(b, "skipped", KIND_STARTUP, reason, True, **common)
-            return SmokeOutcome(b, "fail", KIND_CRASH, reason, False, **common)
-    if supervisor is None and child.signal_name is not None:
-        reason = f"the test supervisor died with {child.signal_name}"
-        if child.returncode == -signal.SIGKILL or not reached:
-            kind = KIND_INFRASTRUCTURE if child.returncode == -signal.SIGKILL else KIND_STARTUP
-            return SmokeOutcome(b, "skipped", kind, f"{reason}; the backend was not tested", True, **common)
-        return SmokeOutcome(b, "fail", KIND_CRASH, reason, False, **common)
-
-    if len(ranks) == request.ranks and all(_last(ev, "done") is not None for ev in ranks):
-        return SmokeOutcome(b, "pass", KIND_OK, "", False, **common)
-
-    details = []
-    for r, events in enumerate(ranks):
-        if _last(events, "done") is None:
-            code = codes[r] if r < len(codes) else None
-            details.append(f"rank {r} exited with {code} during {_current_step(events)}")
-    tail = child.stderr_tail(4)
-    reason = "; ".join(details) or f"the test supervisor exited with {child.returncode}"
-    unfinished = [ev for ev in ranks if _last(ev, "done") is None]
-    if not any(_reached_backend(ev) for ev in unfinished):
-        kind = KIND_INFRASTRUCTURE if infrastructure_error(child.stderr_tail(40)) else KIND_STARTUP
-        reason += f": {UNTESTED_WHY[kind]}; the backend was not tested"
-        if tail:
-            reason += f" | {tail}"
-        return SmokeOutcome(b, "skipped", kind, reason, True, **common)
-    if tail:
-        reason += f" | {tail}"
-    return SmokeOutcome(b, "fail", KIND_ERROR, reason, False, **common)
+    ruling = rule(Ending(request, ranks, supervisor, child))
+    measured = merge(request, ranks)
+    return SmokeOutcome(
+        backend=request.backend,
+        result=ruling.result,
+        kind=ruling.kind,
+        reason=ruling.reason,
+        degraded=ruling.degraded,
+        devices=request.devices,
+        steps=measured.steps,
+        jit=measured.jit,
+        numerics=measured.numerics,
+        latency_us=measured.latency_us,
+        bench=measured.bench,
+        versions=measured.versions,
+        child_env=dict(child_env),
+        duration_s=child.duration_s,
+    )

@@ -10,7 +10,21 @@ import fiar_contract as contract
 from node_agent import inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
-from node_agent.verdict import PreviousVerdict, clique, decide, judge_bench
+from node_agent.verdict import (
+    BackendJudgement,
+    PreviousVerdict,
+    Settled,
+    choose_backend,
+    claim_nothing,
+    clique,
+    conclude,
+    decide,
+    hardware_labels,
+    judge_backend,
+    judge_bench,
+    keep_previous,
+    multicast_state,
+)
 
 NO_POLICY = HostPolicy(False)
 FORBID = HostPolicy(True, ("env NCCL_NVLS_ENABLE=0",))
@@ -242,3 +256,143 @@ def test_clique_label(fabrics: list[inventory.Fabric | None], expected: str | No
     assert verdict.labels.get(contract.LABEL_CLIQUE) == expected
     if expected is not None:
         assert len(expected) <= 63, "a label value is at most 63 characters"
+
+
+# -- each rule on its own --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "policy", "mnnvl", "state", "says"),
+    [
+        (TWO, FORBID, MN_PASS, "disabled", "host policy (env NCCL_NVLS_ENABLE=0)"),
+        (None, NO_POLICY, MN_PASS, "unknown", "could not be read"),
+        (NONE, NO_POLICY, MN_NA, "unknown", "no GPUs"),
+        (ZERO_ATTR, NO_POLICY, MN_PASS, "unsupported", "is 0 on GPU [1]"),
+        (NOT_EXPORTED, NO_POLICY, MN_PASS, "unsupported", "cuMulticastCreate"),
+        (TWO, NO_POLICY, MN_PASS, "supported", "allreduce passed"),
+        (TWO, NO_POLICY, MN_NULL, "unsupported", "no multicast pointer"),
+        (inv(gpu(0), gpu(1, mc=None)), NO_POLICY, MN_ERR, "unknown", "attribute could not be read"),
+        (TWO, NO_POLICY, MN_ERR, "unknown", "necessary, not sufficient"),
+    ],
+)
+def test_multicast_state_rule(
+    host: inventory.Inventory | None, policy: HostPolicy, mnnvl: SmokeOutcome, state: str, says: str
+) -> None:
+    finding = multicast_state(host, policy, mnnvl)
+    assert finding.state == state
+    assert says in finding.reason
+
+
+def test_a_failed_backend_is_not_recommended_and_says_how_it_ended() -> None:
+    judged = judge_backend(SmokeOutcome("trtllm", "fail", "numerics", reason="max error 3.2"), 0.1)
+    assert judged == BackendJudgement(False, "trtllm fail: max error 3.2")
+    assert judge_backend(SmokeOutcome("trtllm", "timeout", "hang"), 0.1).reason == "trtllm timeout: hang"
+
+
+def test_a_passed_backend_slower_than_nccl_beyond_the_margin_is_not_recommended() -> None:
+    judged = judge_backend(passed("trtllm", 2.0, 2.0), 0.1)
+    assert not judged.recommended
+    assert judged.bench is not None and judged.bench.geomean_ratio == pytest.approx(2.0)
+    assert "not recommended: 2.00x NCCL's latency" in judged.reason
+
+
+def test_a_kept_result_says_from_which_probe() -> None:
+    outcome = dataclasses.replace(passed("trtllm", 0.5), reused_from="2026-01-02T03:04:05Z")
+    judged = judge_backend(outcome, 0.1)
+    assert judged.recommended
+    assert "(result kept from the probe at 2026-01-02T03:04:05Z)" in judged.reason
+
+
+def test_the_first_recommended_backend_is_chosen_and_every_backend_is_judged() -> None:
+    choice = choose_backend({"mnnvl": passed("mnnvl", 0.5), "trtllm": passed("trtllm", 0.4)}, 0.1)
+    assert choice.backend == "mnnvl"
+    assert set(choice.bench) == {"mnnvl", "trtllm"}
+    assert len(choice.reasons) == 2
+
+
+def test_no_recommended_backend_is_none_before_the_conclusion() -> None:
+    assert choose_backend({"mnnvl": MN_BUSY, "trtllm": TR_ERR}, 0.1).backend == "none"
+
+
+@pytest.mark.parametrize(
+    ("host", "tests", "backend", "conclusive", "untested"),
+    [
+        (TWO, {"mnnvl": MN_BUSY, "trtllm": TR_PASS}, "trtllm", True, ("mnnvl",)),  # a pass is a pass
+        (TWO, {"mnnvl": MN_ERR, "trtllm": TR_ERR}, "none", True, ()),
+        (TWO, {"mnnvl": MN_HANG, "trtllm": TR_ERR}, "none", True, ()),  # a timeout is a finding
+        (TWO, {"mnnvl": MN_ERR, "trtllm": TR_BUSY}, "none", False, ("trtllm",)),
+        (None, {"mnnvl": MN_ERR, "trtllm": TR_ERR}, "none", False, ()),  # unreadable GPUs say nothing
+        (ONE, {"mnnvl": MN_NA, "trtllm": TR_NA}, "none", True, ()),
+    ],
+)
+def test_none_is_only_concluded_when_every_backend_was_tried(
+    host: inventory.Inventory | None,
+    tests: dict[contract.Backend, SmokeOutcome],
+    backend: contract.Verdict,
+    conclusive: bool,
+    untested: tuple[str, ...],
+) -> None:
+    conclusion = conclude(host, tests, backend)
+    assert conclusion.conclusive is conclusive
+    assert conclusion.untested == untested
+    assert (conclusion.reason is not None) is (conclusive and backend == "none")
+
+
+def test_one_gpu_concludes_none_for_want_of_a_peer() -> None:
+    assert conclude(ONE, {"mnnvl": MN_NA, "trtllm": TR_NA}, "none").reason == (
+        "backend none: 1 GPU, no allreduce between GPUs on this node"
+    )
+
+
+def test_hardware_labels_count_gpus_and_name_the_clique() -> None:
+    fabric = inventory.Fabric(3, 0, 7, CLUSTER)
+    host = inv(dataclasses.replace(gpu(0), fabric=fabric), dataclasses.replace(gpu(1), fabric=fabric))
+    assert hardware_labels(host) == {
+        contract.LABEL_GPUS: "2",
+        contract.LABEL_CLIQUE: "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.7",
+    }
+    assert hardware_labels(TWO) == {contract.LABEL_GPUS: "2"}
+    assert hardware_labels(None) == {contract.LABEL_GPUS: "0"}
+
+
+FOUND = Settled(
+    {
+        contract.LABEL_BACKEND: "none",
+        contract.LABEL_MULTICAST: "unknown",
+        contract.LABEL_MNNVL: "fail",
+        contract.LABEL_TRTLLM: "skipped",
+        contract.LABEL_GPUS: "0",
+    },
+    "none",
+    "unknown",
+)
+
+
+def test_keeping_a_previous_verdict_takes_its_verdict_labels_only() -> None:
+    previous = PreviousVerdict(PREVIOUS.labels, PREVIOUS.probe_time, {contract.LABEL_GPUS: "8"})
+    kept = keep_previous(FOUND, TWO, ("trtllm",), previous)
+    assert kept.labels == {**PREVIOUS.labels, contract.LABEL_GPUS: "0"}, "the GPUs were read: their count stays"
+    assert (kept.backend, kept.multicast, kept.kept_from) == ("trtllm", "disabled", PREVIOUS.probe_time)
+    assert kept.reason is not None and kept.reason.startswith("no backend passed and trtllm could not be tested")
+
+
+def test_keeping_a_previous_verdict_without_gpus_takes_its_hardware_labels_too() -> None:
+    previous = PreviousVerdict(
+        PREVIOUS.labels, PREVIOUS.probe_time, {contract.LABEL_GPUS: "8", contract.LABEL_CLIQUE: "c.1"}
+    )
+    kept = keep_previous(FOUND, None, (), previous)
+    assert kept.labels[contract.LABEL_GPUS] == "8" and kept.labels[contract.LABEL_CLIQUE] == "c.1"
+    assert kept.reason is not None and "(same host policy; the GPUs could not be read)" in kept.reason
+
+
+def test_a_kept_label_that_is_no_verdict_value_is_no_backend() -> None:
+    kept = keep_previous(FOUND, TWO, ("trtllm",), PreviousVerdict({contract.LABEL_BACKEND: "bogus"}, "t"))
+    assert kept.backend is None
+    assert kept.multicast == "unknown"
+
+
+def test_claiming_nothing_leaves_the_backend_label_out() -> None:
+    settled = claim_nothing(FOUND, TWO, ("mnnvl", "trtllm"))
+    assert contract.LABEL_BACKEND not in settled.labels
+    assert settled.backend is None and settled.kept_from is None
+    assert settled.reason is not None and "mnnvl and trtllm could not be tested" in settled.reason
