@@ -29,77 +29,41 @@ import concurrent.futures
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from operator_fleet import cpu_seconds, create, established
+from operator_process import OperatorProcess, buckets, quantile_bound
 
 import fiar_contract as contract
-from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube, webhookconfig
 
 CONFIG = "fiar-bench"
+HANDLER = "fiar_webhook_duration_seconds"
 MANAGED_NS, PLAIN_NS = "bench-managed", "bench-plain"
 
 
-class Running:
-    def __init__(self, plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool, pin: bool) -> None:
-        assert plane.ca is not None
-        pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
-        cert, key = pair.write(workdir, "serving")
-        self.port, metrics = free_port(), free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if source is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
-        argv = [
-            *(["taskset", "-c", "1"] if pin else []),
-            sys.executable,
-            "-c",
-            "from fiar_operator.cli import main; raise SystemExit(main())",
-            "run",
-            "--kubeconfig",
-            str(plane.kubeconfig),
-            "--standalone",
-            "--webhook-host=127.0.0.1",
-            f"--webhook-port={self.port}",
-            f"--tls-cert={cert}",
-            f"--tls-key={key}",
-            "--metrics-host=127.0.0.1",
-            f"--metrics-port={metrics}",
-            *(["--webhook-config", CONFIG] if narrow else []),
-        ]
-        log = (workdir / f"operator-{time.monotonic_ns()}.log").open("wb")
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=1) as resp:
-                    return int(resp.status) == 200
-            except OSError:
-                return False
-
-        try:
-            wait_for(ready, 120, "operator ready")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        os.killpg(self.process.pid, signal.SIGCONT)
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
+def start_operator(plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool, pin: bool) -> OperatorProcess:
+    """The operator with a serving certificate of the plane's CA, ready; narrowing its configuration
+    to the policies when ``narrow``."""
+    assert plane.ca is not None
+    pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
+    operator = OperatorProcess(
+        plane.kubeconfig,
+        workdir,
+        source=source,
+        tls=pair.write(workdir, "serving"),
+        webhook_config=CONFIG if narrow else None,
+        pin_core=1 if pin else None,
+    )
+    operator.wait_ready()
+    return operator
 
 
 def pod(i: int, managed: bool) -> dict[str, Any]:
@@ -133,6 +97,17 @@ def p(times: list[float], q: float) -> float:
     return statistics.quantiles(times, n=100, method="inclusive")[int(q) - 1]
 
 
+def apiserver_metrics(api: Any) -> str:
+    """The API server's /metrics (the plane's admin client)."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=10)
+    response.read()
+    return bytes(response.data).decode()
+
+
+WEBHOOK_SECONDS = "apiserver_admission_webhook_admission_duration_seconds"
+
+
 def register(client: kube.Kube, plane: ControlPlane, port: int) -> None:
     config = webhookconfig.configuration(plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG)
     client.apply(kube.MUTATING_CONFIGS, config)
@@ -146,6 +121,11 @@ def main() -> None:
     parser.add_argument("--creators", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="configurations to run (e.g. without fiar:after frozen:after); default: all",
+    )
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -180,6 +160,12 @@ def main() -> None:
         if args.before is not None:
             variants.insert(0, ("before", args.before))
         configurations = ["without"] + [f"{c}:{v}" for c in ("operator", "fiar", "frozen") for v, _ in variants]
+        if args.only:
+            configurations = [c for c in configurations if c in args.only]
+        api = plane.api_client()
+        handler: dict[str, list[tuple[float, float]]] = {}
+        """Configuration -> (p99 bucket bound of the pod webhook, s; reviews) per managed batch: the
+        operator's own time per review, and the API server's time per call."""
         counter = args.pods * 2
         for managed in (False, True):  # warm-up, not counted
             batch(client, managed, args.pods, args.creators, 0 if managed else args.pods)
@@ -189,7 +175,7 @@ def main() -> None:
                 source = dict(variants).get(variant)
                 running = None
                 if kind != "without":
-                    running = Running(plane, source, workdir, narrow=variant == "after", pin=args.pin)
+                    running = start_operator(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 try:
                     if kind in ("fiar", "frozen"):
@@ -207,11 +193,22 @@ def main() -> None:
                             time.sleep(2)
                     if kind == "frozen":
                         assert running is not None
-                        os.killpg(running.process.pid, signal.SIGSTOP)
+                        running.freeze()
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
+                        seen = buckets(apiserver_metrics(api), WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                        mine = buckets(running.metrics(), HANDLER, webhook="pods") if kind == "fiar" else {}
                         times, elapsed = batch(client, managed, args.pods, args.creators, counter)
+                        if kind == "fiar" and managed:
+                            assert running is not None
+                            own = quantile_bound(buckets(running.metrics(), HANDLER, webhook="pods"), mine, 0.99)
+                            call = quantile_bound(
+                                buckets(apiserver_metrics(api), WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK),
+                                seen,
+                                0.99,
+                            )
+                            handler.setdefault(configuration, []).extend([own, call])
                         counter += args.pods
                         results.setdefault((configuration, label), []).extend(times)
                         rates.setdefault((configuration, label), []).append(args.pods / elapsed)
@@ -236,6 +233,19 @@ def main() -> None:
                 "pods_per_s": round(statistics.mean(rates[(configuration, label)]), 1),
             }
             print(json.dumps(row))
+        for configuration, bounds in handler.items():
+            own, call = bounds[0::2], bounds[1::2]
+            print(
+                json.dumps(
+                    {
+                        "pod_webhook_p99_le_s": configuration,
+                        "operator_handler": [b for b, _ in own],
+                        "api_server_call": [b for b, _ in call],
+                        "reviews": [n for _, n in own],
+                        "calls": [n for _, n in call],
+                    }
+                )
+            )
         for variant, values in cpu.items():
             print(json.dumps({"operator_cpu_ms_per_pod_event": variant, "mean": round(statistics.mean(values), 3)}))
     finally:
