@@ -39,6 +39,10 @@ PATCHERS: Final = 8
 """Pods re-annotated at once when a change concerns many (a node's pods, a policy's, a full pass):
 100 pods on a relabelled node take 100 PATCH round trips, which one thread would make in turn."""
 
+EVENT_POSTERS: Final = 4
+"""Threads that post the reconciler's events, so that it never waits for them."""
+MAX_PENDING_EVENTS: Final = 10_000
+"""Events waiting to be posted at most (about 1 KiB each)."""
 BATCH: Final = 1000
 """Changes the reconciler takes at once. The pods they concern are reviewed together (PATCHERS at a
 time): a node's verdict restored while its pods' own changes, from the PATCHes that took the verdict
@@ -218,6 +222,8 @@ class Runtime:
         self.leadership = Leadership(self.kube, settings.peering, identity, settings.priority, self._lead, self._stop)
         self._worker = threading.Thread(target=self._work, name="reconciler", daemon=True)
         self._patchers = ThreadPoolExecutor(PATCHERS, thread_name_prefix="reannotate")
+        self._posters = ThreadPoolExecutor(EVENT_POSTERS, thread_name_prefix="events")
+        self._pending_events = threading.BoundedSemaphore(MAX_PENDING_EVENTS)
         self.webhooks = WebhookSync(self.kube, settings.webhook_config)
 
     def start(self) -> None:
@@ -270,11 +276,25 @@ class Runtime:
             self.post(self.apply_all(changes) + self._housekeeping())
 
     def post(self, events: Sequence[Event]) -> None:
+        """Hand ``events`` to the posting threads and go on: 100 pods re-annotated make 100 events,
+        whose POSTs, made in turn here, held up the next change for 1-2 s (a verdict restored right
+        after its removal waited for the removal's events). At most MAX_PENDING_EVENTS wait; beyond
+        that the reconciler waits for room."""
         for event in events:
+            self._pending_events.acquire()
             try:
-                posting.post(self.kube, event, self.identity)
-            except ApiError as exc:
-                log.warning("event %s on %s not posted: %s", event.reason, event.target.get("metadata"), exc)
+                self._posters.submit(self._post_one, event)
+            except RuntimeError:  # shut down: the operator stops
+                self._pending_events.release()
+                return
+
+    def _post_one(self, event: Event) -> None:
+        try:
+            posting.post(self.kube, event, self.identity)
+        except ApiError as exc:
+            log.warning("event %s on %s not posted: %s", event.reason, event.target.get("metadata"), exc)
+        finally:
+            self._pending_events.release()
 
     def resync(self) -> list[Event]:
         """Reconcile everything from the indexes: at the start, on gaining leadership, after a re-list.
@@ -305,6 +325,7 @@ class Runtime:
         self.status.stop()
         self.server.stop()
         self._patchers.shutdown(wait=False, cancel_futures=True)
+        self._posters.shutdown(wait=False, cancel_futures=True)
 
     # -- reconciliation (active peer only) -------------------------------------------------------
     def excluded(self, namespace: str) -> bool:

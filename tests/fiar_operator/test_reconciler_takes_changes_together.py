@@ -1,6 +1,7 @@
 """The reconciler takes every pending change at once and reviews each pod they concern once, its
 PATCHes side by side: a node's verdict restored while its pods' own changes still wait behind it
-re-annotates them together, not one PATCH after another."""
+re-annotates them together, not one PATCH after another. And it never waits for its events to be
+posted: a verdict restored right after its removal is not held up by the removal's events."""
 
 from __future__ import annotations
 
@@ -23,13 +24,23 @@ VERIFIED = {"metadata": {"name": "gpu-1", "labels": {contract.LABEL_BACKEND: "tr
 
 
 class SlowKube(kube.Kube):
-    """Answers each pod PATCH after a round trip's time, and counts the PATCHes in flight at once."""
+    """Answers each pod PATCH after a round trip's time, and counts the PATCHes in flight at once;
+    holds every Event POST until ``release`` is set."""
 
     def __init__(self, pods: dict[tuple[str, str], dict[str, Any]]) -> None:
         self.pods = pods
         self.annotated: list[str] = []
         self.in_flight = self.most_at_once = 0
         self._lock = threading.Lock()
+        self.release = threading.Event()
+        self.posted: list[str] = []
+
+    def call(self, method: str, path: str, query: Any = None, body: Any = None, **_: Any) -> Any:
+        assert method == "POST" and path.endswith("/events"), (method, path)
+        self.release.wait(30)
+        with self._lock:
+            self.posted.append(body["reason"])
+        return body
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> dict[str, Any]:
         with self._lock:
@@ -90,3 +101,27 @@ def test_take_all_returns_every_pending_change_oldest_first_up_to_the_limit() ->
     assert [c.name for c in runtime.changes.take_all(0, 2)] == ["a", "b"]
     assert [c.name for c in runtime.changes.take_all(0, 2)] == ["c"]
     assert runtime.changes.take_all(0, 2) == []
+
+
+def test_the_reconciler_goes_on_while_its_events_are_posted() -> None:
+    pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
+    client = SlowKube(pods)
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime.store.put_policy(POLICY)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    for pod in pods.values():
+        runtime.store.put_pod(pod)
+    events = runtime.on_node(VERIFIED)
+    assert len(events) == 4
+    handed = threading.Thread(target=runtime.post, args=(events,))
+    handed.start()
+    handed.join(10)
+    try:
+        assert not handed.is_alive(), "post returned while every Event POST was still held"
+        assert client.posted == []
+    finally:
+        client.release.set()
+    deadline = time.monotonic() + 10
+    while len(client.posted) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.posted == ["NodeVerdictChanged"] * 4
