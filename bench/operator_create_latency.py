@@ -8,16 +8,20 @@ configuration in turn (alternated, so load drifts hit all alike):
     without          no operator, no webhook configuration
     operator:V       the operator of variant V running, no webhook configuration
     fiar:V           the operator running, its webhook configuration registered (chart settings)
+    fiar2s:V         the same with a 2 s webhook timeout instead of the default (only with --only)
     frozen:V         the same, with the operator process stopped (SIGSTOP): a hung operator
 
 For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
 the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
-Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, and for
-``operator:V`` the operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED
-event; CPU of the whole process over the batch, divided by the events).
+Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, the managed
+pods created without fiar's label (their review failed or timed out), for ``operator:V`` the
+operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED event; CPU of the
+whole process over the batch, divided by the events), and for ``fiar``: the bucket of the 99th
+percentile of the operator's own time per pod review and of the API server's time per call.
 
     PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before [--pin]
 
+``--only without fiar:after frozen:after`` runs those configurations only, in that order.
 ``--pin`` puts the control plane on core 0 and the operator on core 1, which tells the cost of
 sharing two cores (contention) from the cost of the webhook calls themselves.
 """
@@ -75,22 +79,25 @@ def pod(i: int, managed: bool) -> dict[str, Any]:
     }
 
 
-def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float]:
+def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float, int]:
+    """CREATE round trips (ms), seconds for the batch, and the pods created without fiar's policy
+    label (a managed pod whose review timed out or failed: created as sent)."""
     namespace = MANAGED_NS if managed else PLAIN_NS
     path = f"/api/v1/namespaces/{namespace}/pods"
 
-    def one(i: int) -> float:
+    def one(i: int) -> tuple[float, bool]:
         began = time.perf_counter()
-        client.call("POST", path, body=pod(i, managed), timeout=30.0)
-        return (time.perf_counter() - began) * 1000
+        created = client.call("POST", path, body=pod(i, managed), timeout=30.0)
+        labelled = contract.LABEL_POD_POLICY in (created["metadata"].get("labels") or {})
+        return (time.perf_counter() - began) * 1000, labelled
 
     began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(creators) as pool:
-        times = list(pool.map(one, range(start, start + count)))
+        done = list(pool.map(one, range(start, start + count)))
     elapsed = time.perf_counter() - began
     client.call("DELETE", path, {"gracePeriodSeconds": 0}, timeout=60.0)
     wait_for(lambda: not client.call("GET", path, {"limit": 1})["items"], 60, "pods deleted")
-    return times, elapsed
+    return [t for t, _ in done], elapsed, sum(not labelled for _, labelled in done)
 
 
 def p(times: list[float], q: float) -> float:
@@ -108,8 +115,10 @@ def apiserver_metrics(api: Any) -> str:
 WEBHOOK_SECONDS = "apiserver_admission_webhook_admission_duration_seconds"
 
 
-def register(client: kube.Kube, plane: ControlPlane, port: int) -> None:
-    config = webhookconfig.configuration(plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG)
+def register(client: kube.Kube, plane: ControlPlane, port: int, timeout: int = webhookconfig.TIMEOUT_SECONDS) -> None:
+    config = webhookconfig.configuration(
+        plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG, timeout=timeout
+    )
     client.apply(kube.MUTATING_CONFIGS, config)
     time.sleep(2)  # the API server picks configurations up within about a second
 
@@ -159,10 +168,13 @@ def main() -> None:
         variants: list[tuple[str, Path | None]] = [("after", None)]
         if args.before is not None:
             variants.insert(0, ("before", args.before))
-        configurations = ["without"] + [f"{c}:{v}" for c in ("operator", "fiar", "frozen") for v, _ in variants]
+        kinds = ("operator", "fiar", "fiar2s", "frozen")
+        configurations = ["without"] + [f"{c}:{v}" for c in kinds for v, _ in variants if c != "fiar2s"]
         if args.only:
-            configurations = [c for c in configurations if c in args.only]
+            configurations = list(args.only)  # in the order given
         api = plane.api_client()
+        unlabelled: dict[tuple[str, str], int] = {}
+        """(configuration, kind) -> managed pods created without fiar's label."""
         handler: dict[str, list[tuple[float, float]]] = {}
         """Configuration -> (p99 bucket bound of the pod webhook, s; reviews) per managed batch: the
         operator's own time per review, and the API server's time per call."""
@@ -178,9 +190,9 @@ def main() -> None:
                     running = start_operator(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 try:
-                    if kind in ("fiar", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen"):
                         assert running is not None
-                        register(client, plane, running.port)
+                        register(client, plane, running.port, 2 if kind == "fiar2s" else webhookconfig.TIMEOUT_SECONDS)
                         if variant == "after":
                             wait_for(
                                 lambda: (
@@ -198,9 +210,11 @@ def main() -> None:
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
                         seen = buckets(apiserver_metrics(api), WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
-                        mine = buckets(running.metrics(), HANDLER, webhook="pods") if kind == "fiar" else {}
-                        times, elapsed = batch(client, managed, args.pods, args.creators, counter)
-                        if kind == "fiar" and managed:
+                        mine = buckets(running.metrics(), HANDLER, webhook="pods") if kind.startswith("fiar") else {}
+                        times, elapsed, bare = batch(client, managed, args.pods, args.creators, counter)
+                        key = (configuration, label)
+                        unlabelled[key] = unlabelled.get(key, 0) + (bare if managed else 0)
+                        if kind.startswith("fiar") and managed:
                             assert running is not None
                             own = quantile_bound(buckets(running.metrics(), HANDLER, webhook="pods"), mine, 0.99)
                             call = quantile_bound(
@@ -219,7 +233,7 @@ def main() -> None:
                 finally:
                     if running is not None:
                         running.stop()
-                    if kind in ("fiar", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen"):
                         client.delete(kube.MUTATING_CONFIGS, CONFIG)
                         time.sleep(2)
         base = {label: p(results[("without", label)], 99) for label in ("unmanaged", "managed")}
@@ -231,6 +245,7 @@ def main() -> None:
                 "p99_ms": round(p(times, 99), 1),
                 "p99_ratio": round(p(times, 99) / base[label], 2),
                 "pods_per_s": round(statistics.mean(rates[(configuration, label)]), 1),
+                "unlabelled": unlabelled.get((configuration, label), 0),
             }
             print(json.dumps(row))
         for configuration, bounds in handler.items():
