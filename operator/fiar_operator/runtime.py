@@ -281,7 +281,8 @@ class Runtime:
         after its removal waited for the removal's events). At most MAX_PENDING_EVENTS wait; beyond
         that the reconciler waits for room."""
         for event in events:
-            self._pending_events.acquire()
+            while not self._pending_events.acquire(timeout=1.0):
+                self.heartbeats.beat(liveness.RECONCILER)  # waiting for room is progress, not a hang
             try:
                 self._posters.submit(self._post_one, event)
             except RuntimeError:  # shut down: the operator stops
