@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from operator_fleet import cpu_seconds, create, established
-from operator_process import OperatorProcess, buckets, quantile_bound
+from operator_process import OperatorProcess, buckets, quantile_bound, total
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
@@ -173,6 +173,9 @@ def main() -> None:
         if args.only:
             configurations = list(args.only)  # in the order given
         api = plane.api_client()
+        means: dict[tuple[str, str], list[float]] = {}
+        """(configuration, measure) -> per managed batch: mean time per review in the operator and per
+        call in the API server (ms), and the operator's CPU per managed pod (ms, its watch included)."""
         unlabelled: dict[tuple[str, str], int] = {}
         """(configuration, kind) -> managed pods created without fiar's label."""
         handler: dict[str, list[tuple[float, float]]] = {}
@@ -209,20 +212,35 @@ def main() -> None:
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
-                        seen = buckets(apiserver_metrics(api), WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
-                        mine = buckets(running.metrics(), HANDLER, webhook="pods") if kind.startswith("fiar") else {}
+                        server_text = apiserver_metrics(api)
+                        seen = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                        seen_total = total(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                        own_text = running.metrics() if kind.startswith("fiar") and running is not None else ""
+                        mine, mine_total = (
+                            buckets(own_text, HANDLER, webhook="pods"),
+                            total(own_text, HANDLER, webhook="pods"),
+                        )
                         times, elapsed, bare = batch(client, managed, args.pods, args.creators, counter)
                         key = (configuration, label)
                         unlabelled[key] = unlabelled.get(key, 0) + (bare if managed else 0)
                         if kind.startswith("fiar") and managed:
                             assert running is not None
-                            own = quantile_bound(buckets(running.metrics(), HANDLER, webhook="pods"), mine, 0.99)
-                            call = quantile_bound(
-                                buckets(apiserver_metrics(api), WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK),
-                                seen,
-                                0.99,
-                            )
+                            spent_ms = (cpu_seconds(running.process.pid) - used) * 1000 / args.pods
+                            own_text, server_text = running.metrics(), apiserver_metrics(api)
+                            own = quantile_bound(buckets(own_text, HANDLER, webhook="pods"), mine, 0.99)
+                            now = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                            call = quantile_bound(now, seen, 0.99)
                             handler.setdefault(configuration, []).extend([own, call])
+                            for name, (s1, n1), (s0, n0) in (
+                                ("operator_mean_ms", total(own_text, HANDLER, webhook="pods"), mine_total),
+                                (
+                                    "api_server_mean_ms",
+                                    total(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK),
+                                    seen_total,
+                                ),
+                            ):
+                                means.setdefault((configuration, name), []).append(1000 * (s1 - s0) / max(n1 - n0, 1))
+                            means.setdefault((configuration, "operator_cpu_ms_per_managed_pod"), []).append(spent_ms)
                         counter += args.pods
                         results.setdefault((configuration, label), []).extend(times)
                         rates.setdefault((configuration, label), []).append(args.pods / elapsed)
@@ -261,6 +279,8 @@ def main() -> None:
                     }
                 )
             )
+        for (configuration, name), values in sorted(means.items()):
+            print(json.dumps({"managed_batches": configuration, name: [round(v, 2) for v in values]}))
         for variant, values in cpu.items():
             print(json.dumps({"operator_cpu_ms_per_pod_event": variant, "mean": round(statistics.mean(values), 3)}))
     finally:

@@ -121,3 +121,14 @@ def quantile_bound(after: dict[float, float], before: dict[float, float] | None,
         if total and grown[bound] >= q * total:
             return bound, total
     return float("nan"), total
+
+
+def total(text: str, metric: str, **labels: str) -> tuple[float, float]:
+    """(sum, count) of one histogram, summed over the series that carry ``labels``."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    found = {"_sum": 0.0, "_count": 0.0}
+    for line in text.splitlines():
+        for suffix in found:
+            if line.startswith(metric + suffix) and all(w in line for w in want):
+                found[suffix] += float(line.rsplit(" ", 1)[1])
+    return found["_sum"], found["_count"]
