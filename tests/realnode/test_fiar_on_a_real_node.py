@@ -648,7 +648,11 @@ def test_helm_uninstall_leaves_nothing_of_the_release(release: Release) -> None:
     with release.api() as api:
         core = client.CoreV1Api(api)
         for ns, name in release.created:
-            core.delete_namespaced_pod(name, ns, grace_period_seconds=1)
+            try:
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=1)
+            except ApiException as exc:
+                if exc.status != 404:  # gone already, with its namespace
+                    raise
     release.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
     selector = f"app.kubernetes.io/instance={RELEASE}"
     with release.api() as api:
