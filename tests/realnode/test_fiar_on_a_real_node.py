@@ -4,7 +4,7 @@ One release (non-default name and namespace) is installed once for the module; t
 order on it: the operator's pods on the real node behind restricted Pod Security, the agent labelling
 its own node from its DaemonSet pod, a rolling upgrade under a stream of pod creations, the backend
 inside a vLLM stand-in container for each verdict and after drift, the fallback while the operator is
-down, and a clean uninstall.
+down, a hung operator restarted by its probes (timed, printed with ``-s``), and a clean uninstall.
 """
 
 from __future__ import annotations
