@@ -8,16 +8,20 @@ configuration in turn (alternated, so load drifts hit all alike):
     without          no operator, no webhook configuration
     operator:V       the operator of variant V running, no webhook configuration
     fiar:V           the operator running, its webhook configuration registered (chart settings)
+    fiar2s:V         the same with a 2 s webhook timeout instead of the default (only with --only)
     frozen:V         the same, with the operator process stopped (SIGSTOP): a hung operator
 
 For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
 the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
-Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, and for
-``operator:V`` the operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED
-event; CPU of the whole process over the batch, divided by the events).
+Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, the managed
+pods created without fiar's label (their review failed or timed out), for ``operator:V`` the
+operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED event; CPU of the
+whole process over the batch, divided by the events), and for ``fiar``: the bucket of the 99th
+percentile of the operator's own time per pod review and of the API server's time per call.
 
     PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before [--pin]
 
+``--only without fiar:after frozen:after`` runs those configurations only, in that order.
 ``--pin`` puts the control plane on core 0 and the operator on core 1, which tells the cost of
 sharing two cores (contention) from the cost of the webhook calls themselves.
 """
@@ -29,77 +33,41 @@ import concurrent.futures
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from operator_fleet import cpu_seconds, create, established
+from operator_process import OperatorProcess, buckets, quantile_bound, total
 
 import fiar_contract as contract
-from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube, webhookconfig
 
 CONFIG = "fiar-bench"
+HANDLER = "fiar_webhook_duration_seconds"
 MANAGED_NS, PLAIN_NS = "bench-managed", "bench-plain"
 
 
-class Running:
-    def __init__(self, plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool, pin: bool) -> None:
-        assert plane.ca is not None
-        pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
-        cert, key = pair.write(workdir, "serving")
-        self.port, metrics = free_port(), free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if source is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
-        argv = [
-            *(["taskset", "-c", "1"] if pin else []),
-            sys.executable,
-            "-c",
-            "from fiar_operator.cli import main; raise SystemExit(main())",
-            "run",
-            "--kubeconfig",
-            str(plane.kubeconfig),
-            "--standalone",
-            "--webhook-host=127.0.0.1",
-            f"--webhook-port={self.port}",
-            f"--tls-cert={cert}",
-            f"--tls-key={key}",
-            "--metrics-host=127.0.0.1",
-            f"--metrics-port={metrics}",
-            *(["--webhook-config", CONFIG] if narrow else []),
-        ]
-        log = (workdir / f"operator-{time.monotonic_ns()}.log").open("wb")
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=1) as resp:
-                    return int(resp.status) == 200
-            except OSError:
-                return False
-
-        try:
-            wait_for(ready, 120, "operator ready")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        os.killpg(self.process.pid, signal.SIGCONT)
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
+def start_operator(plane: ControlPlane, source: Path | None, workdir: Path, narrow: bool, pin: bool) -> OperatorProcess:
+    """The operator with a serving certificate of the plane's CA, ready; narrowing its configuration
+    to the policies when ``narrow``."""
+    assert plane.ca is not None
+    pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
+    operator = OperatorProcess(
+        plane.kubeconfig,
+        workdir,
+        source=source,
+        tls=pair.write(workdir, "serving"),
+        webhook_config=CONFIG if narrow else None,
+        pin_core=1 if pin else None,
+    )
+    operator.wait_ready()
+    return operator
 
 
 def pod(i: int, managed: bool) -> dict[str, Any]:
@@ -111,30 +79,46 @@ def pod(i: int, managed: bool) -> dict[str, Any]:
     }
 
 
-def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float]:
+def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float, int]:
+    """CREATE round trips (ms), seconds for the batch, and the pods created without fiar's policy
+    label (a managed pod whose review timed out or failed: created as sent)."""
     namespace = MANAGED_NS if managed else PLAIN_NS
     path = f"/api/v1/namespaces/{namespace}/pods"
 
-    def one(i: int) -> float:
+    def one(i: int) -> tuple[float, bool]:
         began = time.perf_counter()
-        client.call("POST", path, body=pod(i, managed), timeout=30.0)
-        return (time.perf_counter() - began) * 1000
+        created = client.call("POST", path, body=pod(i, managed), timeout=30.0)
+        labelled = contract.LABEL_POD_POLICY in (created["metadata"].get("labels") or {})
+        return (time.perf_counter() - began) * 1000, labelled
 
     began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(creators) as pool:
-        times = list(pool.map(one, range(start, start + count)))
+        done = list(pool.map(one, range(start, start + count)))
     elapsed = time.perf_counter() - began
     client.call("DELETE", path, {"gracePeriodSeconds": 0}, timeout=60.0)
     wait_for(lambda: not client.call("GET", path, {"limit": 1})["items"], 60, "pods deleted")
-    return times, elapsed
+    return [t for t, _ in done], elapsed, sum(not labelled for _, labelled in done)
 
 
 def p(times: list[float], q: float) -> float:
     return statistics.quantiles(times, n=100, method="inclusive")[int(q) - 1]
 
 
-def register(client: kube.Kube, plane: ControlPlane, port: int) -> None:
-    config = webhookconfig.configuration(plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG)
+def apiserver_metrics(api: Any) -> str:
+    """The API server's /metrics (the plane's admin client)."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=10)
+    response.read()
+    return bytes(response.data).decode()
+
+
+WEBHOOK_SECONDS = "apiserver_admission_webhook_admission_duration_seconds"
+
+
+def register(client: kube.Kube, plane: ControlPlane, port: int, timeout: int = webhookconfig.TIMEOUT_SECONDS) -> None:
+    config = webhookconfig.configuration(
+        plane.ca_file.read_bytes(), url=f"https://127.0.0.1:{port}", name=CONFIG, timeout=timeout
+    )
     client.apply(kube.MUTATING_CONFIGS, config)
     time.sleep(2)  # the API server picks configurations up within about a second
 
@@ -146,6 +130,11 @@ def main() -> None:
     parser.add_argument("--creators", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="configurations to run (e.g. without fiar:after frozen:after); default: all",
+    )
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -179,7 +168,19 @@ def main() -> None:
         variants: list[tuple[str, Path | None]] = [("after", None)]
         if args.before is not None:
             variants.insert(0, ("before", args.before))
-        configurations = ["without"] + [f"{c}:{v}" for c in ("operator", "fiar", "frozen") for v, _ in variants]
+        kinds = ("operator", "fiar", "fiar2s", "frozen")
+        configurations = ["without"] + [f"{c}:{v}" for c in kinds for v, _ in variants if c != "fiar2s"]
+        if args.only:
+            configurations = list(args.only)  # in the order given
+        api = plane.api_client()
+        means: dict[tuple[str, str], list[float]] = {}
+        """(configuration, measure) -> per managed batch: mean time per review in the operator and per
+        call in the API server (ms), and the operator's CPU per managed pod (ms, its watch included)."""
+        unlabelled: dict[tuple[str, str], int] = {}
+        """(configuration, kind) -> managed pods created without fiar's label."""
+        handler: dict[str, list[tuple[float, float]]] = {}
+        """Configuration -> (p99 bucket bound of the pod webhook, s; reviews) per managed batch: the
+        operator's own time per review, and the API server's time per call."""
         counter = args.pods * 2
         for managed in (False, True):  # warm-up, not counted
             batch(client, managed, args.pods, args.creators, 0 if managed else args.pods)
@@ -189,12 +190,12 @@ def main() -> None:
                 source = dict(variants).get(variant)
                 running = None
                 if kind != "without":
-                    running = Running(plane, source, workdir, narrow=variant == "after", pin=args.pin)
+                    running = start_operator(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 try:
-                    if kind in ("fiar", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen"):
                         assert running is not None
-                        register(client, plane, running.port)
+                        register(client, plane, running.port, 2 if kind == "fiar2s" else webhookconfig.TIMEOUT_SECONDS)
                         if variant == "after":
                             wait_for(
                                 lambda: (
@@ -207,11 +208,39 @@ def main() -> None:
                             time.sleep(2)
                     if kind == "frozen":
                         assert running is not None
-                        os.killpg(running.process.pid, signal.SIGSTOP)
+                        running.freeze()
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
-                        times, elapsed = batch(client, managed, args.pods, args.creators, counter)
+                        server_text = apiserver_metrics(api)
+                        seen = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                        seen_total = total(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                        own_text = running.metrics() if kind.startswith("fiar") and running is not None else ""
+                        mine, mine_total = (
+                            buckets(own_text, HANDLER, webhook="pods"),
+                            total(own_text, HANDLER, webhook="pods"),
+                        )
+                        times, elapsed, bare = batch(client, managed, args.pods, args.creators, counter)
+                        key = (configuration, label)
+                        unlabelled[key] = unlabelled.get(key, 0) + (bare if managed else 0)
+                        if kind.startswith("fiar") and managed:
+                            assert running is not None
+                            spent_ms = (cpu_seconds(running.process.pid) - used) * 1000 / args.pods
+                            own_text, server_text = running.metrics(), apiserver_metrics(api)
+                            own = quantile_bound(buckets(own_text, HANDLER, webhook="pods"), mine, 0.99)
+                            now = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
+                            call = quantile_bound(now, seen, 0.99)
+                            handler.setdefault(configuration, []).extend([own, call])
+                            for name, (s1, n1), (s0, n0) in (
+                                ("operator_mean_ms", total(own_text, HANDLER, webhook="pods"), mine_total),
+                                (
+                                    "api_server_mean_ms",
+                                    total(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK),
+                                    seen_total,
+                                ),
+                            ):
+                                means.setdefault((configuration, name), []).append(1000 * (s1 - s0) / max(n1 - n0, 1))
+                            means.setdefault((configuration, "operator_cpu_ms_per_managed_pod"), []).append(spent_ms)
                         counter += args.pods
                         results.setdefault((configuration, label), []).extend(times)
                         rates.setdefault((configuration, label), []).append(args.pods / elapsed)
@@ -222,7 +251,7 @@ def main() -> None:
                 finally:
                     if running is not None:
                         running.stop()
-                    if kind in ("fiar", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen"):
                         client.delete(kube.MUTATING_CONFIGS, CONFIG)
                         time.sleep(2)
         base = {label: p(results[("without", label)], 99) for label in ("unmanaged", "managed")}
@@ -234,8 +263,24 @@ def main() -> None:
                 "p99_ms": round(p(times, 99), 1),
                 "p99_ratio": round(p(times, 99) / base[label], 2),
                 "pods_per_s": round(statistics.mean(rates[(configuration, label)]), 1),
+                "unlabelled": unlabelled.get((configuration, label), 0),
             }
             print(json.dumps(row))
+        for configuration, bounds in handler.items():
+            own, call = bounds[0::2], bounds[1::2]
+            print(
+                json.dumps(
+                    {
+                        "pod_webhook_p99_le_s": configuration,
+                        "operator_handler": [b for b, _ in own],
+                        "api_server_call": [b for b, _ in call],
+                        "reviews": [n for _, n in own],
+                        "calls": [n for _, n in call],
+                    }
+                )
+            )
+        for (configuration, name), values in sorted(means.items()):
+            print(json.dumps({"managed_batches": configuration, name: [round(v, 2) for v in values]}))
         for variant, values in cpu.items():
             print(json.dumps({"operator_cpu_ms_per_pod_event": variant, "mean": round(statistics.mean(values), 3)}))
     finally:

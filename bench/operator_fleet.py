@@ -26,18 +26,16 @@ import concurrent.futures
 import json
 import os
 import platform
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from operator_process import OperatorProcess
+
 import fiar_contract as contract
-from devcluster.cluster import ControlPlane, Tier, free_port
+from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube
 from fiar_operator.decide import decide
@@ -207,46 +205,20 @@ def drift(client: kube.Kube, verdict: str | None, timeout: float = 60.0) -> floa
 
 
 def run_operator(plane: ControlPlane, variant: str, source: Path | None, workdir: Path, watch: float) -> dict[str, Any]:
-    metrics = free_port()
-    log = workdir / f"{variant}-{time.monotonic_ns()}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if source is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source)])
-    argv = [
-        sys.executable,
-        "-c",
-        "from fiar_operator.cli import main; raise SystemExit(main())",
-        "run",
-        "--kubeconfig",
-        str(plane.kubeconfig),
-        "--standalone",
-        "--webhook-host",
-        "127.0.0.1",
-        "--webhook-port",
-        str(free_port()),
-        "--metrics-host",
-        "127.0.0.1",
-        "--metrics-port",
-        str(metrics),
-    ]
     client = kube.Kube(plane.api_client())
-    with log.open("wb") as out:
-        started = time.monotonic()
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    operator = OperatorProcess(plane.kubeconfig, workdir, source=source, name=variant)
+    process = operator.process
     try:
         peak = 0.0
 
         def ready() -> bool:
             nonlocal peak
             peak = max(peak, rss_mib(process.pid))
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/readyz", timeout=1) as resp:
-                    return int(resp.status) == 200
-            except OSError:
-                return False
+            return operator.ready()
 
         wait_for(ready, 300, f"{variant} operator ready", interval=0.1)
-        ready_s, ready_rss = time.monotonic() - started, rss_mib(process.pid)
+        ready_s = time.monotonic() - operator.started
+        ready_rss = rss_mib(process.pid)
         until = time.monotonic() + watch
         while time.monotonic() < until:
             peak = max(peak, rss_mib(process.pid))
@@ -254,19 +226,14 @@ def run_operator(plane: ControlPlane, variant: str, source: Path | None, workdir
         end_rss, cpu = rss_mib(process.pid), cpu_seconds(process.pid)
         lines = sum(
             1
-            for line in log.read_text(errors="replace").splitlines()
+            for line in operator.log.read_text(errors="replace").splitlines()
             if line.startswith("[") and "aiohttp.server" not in line  # not strangers' requests to the port
         )
         lost = drift(client, None)
         back = drift(client, "trtllm")
         peak = max(peak, rss_mib(process.pid))
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
+        operator.stop()
     return {
         "variant": variant,
         "ready_s": round(ready_s, 1),

@@ -68,6 +68,13 @@ class Changes:
                 return None
             return self._pending.popitem(last=False)[1]
 
+    def take_all(self, timeout: float, limit: int) -> list[Change]:
+        """Every pending change, oldest first, at most ``limit``; waits up to ``timeout`` for one."""
+        with self._cond:
+            if not self._pending:
+                self._cond.wait(timeout)
+            return [self._pending.popitem(last=False)[1] for _ in range(min(limit, len(self._pending)))]
+
     def clear(self) -> None:
         with self._cond:
             self._pending.clear()

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import yaml
 
-from fiar_operator import __version__, crd, kube, webhookconfig
+from fiar_operator import __version__, crd, kube, liveness, webhookconfig
 from fiar_operator.errors import ApiError, OperatorError
 from fiar_operator.settings import Settings, excluded_namespaces
 
@@ -173,16 +173,23 @@ def _run(args: argparse.Namespace) -> int:
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
         runtime.webhooks.name = runtime.webhooks.name or registered
     runtime.start()
-    try:
-        asyncio.run(
-            kopf.operator(
+
+    async def operate() -> None:
+        # kopf's event loop beats into /healthz: a loop that stops turning fails the liveness probe.
+        pulse = asyncio.create_task(runtime.heartbeats.pulse(liveness.KOPF_LOOP))
+        try:
+            await kopf.operator(
                 clusterwide=True,
                 standalone=True if settings.standalone else None,
                 identity=cast("Any", identity),
                 liveness_endpoint=settings.liveness,
                 memo=kopf.Memo(runtime=runtime),
             )
-        )
+        finally:
+            pulse.cancel()
+
+    try:
+        asyncio.run(operate())
     finally:
         runtime.stop()
         if registered:

@@ -17,13 +17,14 @@ from typing import Any, Final
 import fiar_contract as contract
 from fiar_kube import backoff_delay
 from fiar_operator import events as posting
-from fiar_operator import informers, reconcile
+from fiar_operator import informers, liveness, reconcile
 from fiar_operator.admission import Admission, utc_now
 from fiar_operator.changes import Change, Changes, change_of
 from fiar_operator.errors import ApiError, Conflict, NotFound
 from fiar_operator.events import Event, pod_ref
 from fiar_operator.kube import Kube, configuration
 from fiar_operator.leadership import Leadership
+from fiar_operator.liveness import Heartbeats
 from fiar_operator.metrics import Metrics
 from fiar_operator.pods import PodRecord, group_plan
 from fiar_operator.server import READY_KINDS, Server
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 PATCHERS: Final = 8
 """Pods re-annotated at once when a change concerns many (a node's pods, a policy's, a full pass):
 100 pods on a relabelled node take 100 PATCH round trips, which one thread would make in turn."""
+
+EVENT_POSTERS: Final = 4
+"""Threads that post the reconciler's events, so that it never waits for them."""
+MAX_PENDING_EVENTS: Final = 10_000
+"""Events waiting to be posted at most (about 1 KiB each)."""
+BATCH: Final = 1000
+"""Changes the reconciler takes at once. The pods they concern are reviewed together (PATCHERS at a
+time): a node's verdict restored while its pods' own changes, from the PATCHes that took the verdict
+away, still wait in the queue would otherwise re-annotate those pods one PATCH after another."""
 
 PEERINGS = "/apis/kopf.dev/v1/clusterkopfpeerings"
 
@@ -192,7 +202,10 @@ class Runtime:
         self.store = Store()
         self.metrics = Metrics(self.store.sizes)
         self.admission = Admission(self.store, self.metrics)
-        self.server = Server(self.admission, self.metrics, settings, self.kube, lambda: self.store.synced)
+        self.heartbeats = Heartbeats()
+        self.server = Server(
+            self.admission, self.metrics, settings, self.kube, lambda: self.store.synced, heartbeats=self.heartbeats
+        )
         self.status = StatusWriter(self.store, self.kube, settings.status_interval)
         self.unconfigured = Unconfigured(self.store, self.excluded, self.status.mark)
         self.status.unconfigured = self.unconfigured.pods
@@ -209,6 +222,8 @@ class Runtime:
         self.leadership = Leadership(self.kube, settings.peering, identity, settings.priority, self._lead, self._stop)
         self._worker = threading.Thread(target=self._work, name="reconciler", daemon=True)
         self._patchers = ThreadPoolExecutor(PATCHERS, thread_name_prefix="reannotate")
+        self._posters = ThreadPoolExecutor(EVENT_POSTERS, thread_name_prefix="events")
+        self._pending_events = threading.BoundedSemaphore(MAX_PENDING_EVENTS)
         self.webhooks = WebhookSync(self.kube, settings.webhook_config)
 
     def start(self) -> None:
@@ -239,26 +254,48 @@ class Runtime:
             self.changes.put(change_of(kind, event_type, obj))
 
     def _work(self) -> None:
+        self.heartbeats.expect(liveness.RECONCILER, liveness.RECONCILER_SILENCE)
         while not self._stop.is_set():
+            self.heartbeats.beat(liveness.RECONCILER)
             if not self._leading or not all(self.store.synced.get(kind) for kind in READY_KINDS):
                 self._stop.wait(0.1)
                 continue
             try:
-                if self._resync:
-                    self._resync = False
-                    self.post(self.resync())
-                change = self.changes.take(0.5)
-                if self._leading:
-                    self.post((self.apply(change) if change is not None else []) + self._housekeeping())
+                self.step(0.5)
             except Exception:
                 log.exception("reconciler: a change was not handled")
 
+    def step(self, timeout: float) -> None:
+        """One pass of the reconciler: a full pass when one is due, then every change pending (waiting
+        up to ``timeout`` for one), and the housekeeping."""
+        if self._resync:
+            self._resync = False
+            self.post(self.resync())
+        changes = self.changes.take_all(timeout, BATCH)
+        if self._leading:
+            self.post(self.apply_all(changes) + self._housekeeping())
+
     def post(self, events: Sequence[Event]) -> None:
+        """Hand ``events`` to the posting threads and go on: 100 pods re-annotated make 100 events,
+        whose POSTs, made in turn here, held up the next change for 1-2 s (a verdict restored right
+        after its removal waited for the removal's events). At most MAX_PENDING_EVENTS wait; beyond
+        that the reconciler waits for room."""
         for event in events:
+            while not self._pending_events.acquire(timeout=1.0):
+                self.heartbeats.beat(liveness.RECONCILER)  # waiting for room is progress, not a hang
             try:
-                posting.post(self.kube, event, self.identity)
-            except ApiError as exc:
-                log.warning("event %s on %s not posted: %s", event.reason, event.target.get("metadata"), exc)
+                self._posters.submit(self._post_one, event)
+            except RuntimeError:  # shut down: the operator stops
+                self._pending_events.release()
+                return
+
+    def _post_one(self, event: Event) -> None:
+        try:
+            posting.post(self.kube, event, self.identity)
+        except ApiError as exc:
+            log.warning("event %s on %s not posted: %s", event.reason, event.target.get("metadata"), exc)
+        finally:
+            self._pending_events.release()
 
     def resync(self) -> list[Event]:
         """Reconcile everything from the indexes: at the start, on gaining leadership, after a re-list.
@@ -288,6 +325,7 @@ class Runtime:
         self.status.stop()
         self.server.stop()
         self._patchers.shutdown(wait=False, cancel_futures=True)
+        self._posters.shutdown(wait=False, cancel_futures=True)
 
     # -- reconciliation (active peer only) -------------------------------------------------------
     def excluded(self, namespace: str) -> bool:
@@ -298,6 +336,7 @@ class Runtime:
         return labels is not None and contract.NAMESPACE_IGNORE_LABEL in labels
 
     def _reannotate(self, record: PodRecord) -> list[Event]:
+        self.heartbeats.beat(liveness.RECONCILER)
         policy = self.store.policies.get(record.policy or "")
         if policy is None or self.excluded(record.namespace):
             return []
@@ -383,17 +422,35 @@ class Runtime:
 
     def apply(self, change: Change) -> list[Event]:
         """Reconcile one changed object, already indexed (or removed from the index)."""
+        return self.apply_all([change])
+
+    def apply_all(self, changes: Sequence[Change]) -> list[Event]:
+        """Reconcile changed objects, already indexed, in order; each pod they concern is reviewed
+        once, against the indexes as they are after all of them, the PATCHes PATCHERS at a time."""
+        events: list[Event] = []
+        review: dict[tuple[str, str], str] = {}
+        """Pod key -> uid of the pods to review, in the order the changes named them."""
+        for change in changes:
+            more, records = self._changed(change)
+            events += more
+            for named in records:
+                review.setdefault((named.namespace, named.name), named.uid)
+        current = [found for key, uid in review.items() if (found := self.store.pods.get(key)) and found.uid == uid]
+        return events + self._reannotate_all(current)
+
+    def _changed(self, change: Change) -> tuple[list[Event], list[PodRecord]]:
+        """The events of one change, and the pods it asks to review."""
         if change.kind == "pods":
             return self._pod(change)
         if change.kind == "nodes":
-            return self._node(change)
+            return [], self._node(change)
         if change.kind == "namespaces":
-            return self.unconfigured.sweep()
+            return self.unconfigured.sweep(), []
         if change.kind == "policies":
             return self._policy(change)
-        return []
+        return [], []
 
-    def _pod(self, change: Change) -> list[Event]:
+    def _pod(self, change: Change) -> tuple[list[Event], list[PodRecord]]:
         key = (change.namespace, change.name)
         if change.deleted:
             self._warned.discard((change.uid, "MultiNodeFallback"))
@@ -401,20 +458,20 @@ class Runtime:
             if change.policy:
                 self.status.mark(change.policy)
             self.unconfigured.pod_deleted(key, change.uid)
-            return []
+            return [], []
         record = self.store.pods.get(key)
         if record is None or (change.uid and record.uid != change.uid):
-            return []  # gone or replaced since: its own change follows
+            return [], []  # gone or replaced since: its own change follows
         events = self.unconfigured.pod_changed(record)
         if not record.managed:
-            return events
+            return events, []
         bound = self.webhooks.binding_namespaces
         if bound is not None and record.namespace not in bound:
             self._sync_webhooks()  # a managed pod where the binding condition names no policy's namespace
         self.status.mark(record.policy)
-        return events + self._reannotate(record)
+        return events, [record]
 
-    def _node(self, change: Change) -> list[Event]:
+    def _node(self, change: Change) -> list[PodRecord]:
         name = change.name
         labels = self.store.nodes.get(name)
         if change.deleted or labels is None:
@@ -429,7 +486,7 @@ class Runtime:
         else:
             self._node_labels.pop(name, None)
         self.status.mark()
-        return self._reannotate_all(self._with_group_members(self.store.pods_on_node(name)))
+        return self._with_group_members(self.store.pods_on_node(name))
 
     def _with_group_members(self, records: Sequence[PodRecord]) -> list[PodRecord]:
         """``records`` and the members of their multi-pod groups on other nodes: a node that loses mnnvl
@@ -448,9 +505,9 @@ class Runtime:
         managed = {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}
         self.webhooks.sync(list(self.store.policies.values()), managed)
 
-    def _policy(self, change: Change) -> list[Event]:
+    def _policy(self, change: Change) -> tuple[list[Event], list[PodRecord]]:
         self._sync_webhooks()
         if change.deleted:
-            return self.unconfigured.sweep()
+            return self.unconfigured.sweep(), []
         self.status.mark(change.name)
-        return self.unconfigured.sweep() + self._reannotate_all(self.store.pods_of_policy(change.name))
+        return self.unconfigured.sweep(), self.store.pods_of_policy(change.name)

@@ -5,7 +5,7 @@ kopf's loop never delays an admission answer. Routes:
 
     POST /mutate/pods      pod CREATE webhook
     POST /mutate/binding   pods/binding CREATE webhook
-    GET  /healthz          200 while serving
+    GET  /healthz          200 while every part makes progress (liveness.py)
     GET  /readyz           200 once every index has been listed (and TLS can complete a handshake)
     GET  /metrics          Prometheus exposition (metrics port only)
 
@@ -38,6 +38,7 @@ from aiohttp import web
 from fiar_operator.admission import Admission, Need, Review, parse_review, respond
 from fiar_operator.errors import ApiError, ConfigurationError, ReviewError
 from fiar_operator.kube import Kube
+from fiar_operator.liveness import Heartbeats
 from fiar_operator.metrics import Metrics
 from fiar_operator.settings import Settings
 
@@ -48,9 +49,12 @@ MAX_BODY: Final = 4 * 1024 * 1024
 object under review is at most that; 1 MiB more covers the envelope (uid, kind, userInfo, options)."""
 READ_DEADLINE: Final = 5.0
 """Seconds to receive a request's body (the API server sends it at once; webhooks time out at 1-2 s)."""
-WORK_DEADLINE: Final = 1.5
+WORK_DEADLINE: Final = 0.6
 """Seconds for parsing and answering one review; then it is answered allowed, unchanged (fail-open,
-as the API server would on its 2 s timeout), so the connection is not held for nothing."""
+as the API server would on its timeout), so the connection is not held for nothing. It sits 0.4 s
+below the webhooks' 1 s timeout (webhookconfig.TIMEOUT_SECONDS), which also covers the API server's
+connection, the request's transfer and its wait for the event loop; the binding webhook's bounded
+read (at most ``settings.MAX_READ_TIMEOUT``) fits inside it."""
 WORKERS: Final = 4
 """Threads that parse and plan reviews; also the reviews whose bodies are held in memory at once."""
 MAX_CONNECTIONS: Final = 256
@@ -64,6 +68,9 @@ HANDSHAKE_TIMEOUT: Final = 5.0
 SHUTDOWN_TIMEOUT: Final = 2.0
 """Seconds a closed TLS connection waits for the peer's close_notify before its socket is freed."""
 READY_KINDS: Final = ("nodes", "namespaces", "policies", "pods")
+POOL_PROBE: Final = 1.0
+"""Seconds /healthz waits for a review thread to run a no-op: only threads that all hang miss it
+(a review takes milliseconds; the chart's probe times out after 2 s)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class Bounds:
     max_connections: int = MAX_CONNECTIONS
     idle_timeout: float = IDLE_TIMEOUT
     handshake_timeout: float = HANDSHAKE_TIMEOUT
+    pool_probe: float = POOL_PROBE
 
 
 def _server_context(cert: str, key: str) -> ssl.SSLContext:
@@ -289,9 +297,11 @@ class Server:
         kube: Kube | None,
         ready: Callable[[], Mapping[str, bool]],
         bounds: Bounds = Bounds(),
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         self.admission, self.metrics, self.settings, self.kube = admission, metrics, settings, kube
         self.ready, self.bounds = ready, bounds
+        self.heartbeats = heartbeats if heartbeats is not None else Heartbeats()
         self.tls = TlsFiles(str(settings.tls_cert), str(settings.tls_key)) if settings.tls_cert else None
         self.port = 0
         self.metrics_port = 0
@@ -411,6 +421,18 @@ class Server:
         return app
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        """200 while this loop answers, every heartbeat is within its bound, and a review thread
+        runs a no-op within ``pool_probe``; 503 with the reason otherwise."""
+        silent = self.heartbeats.silent()
+        if silent:
+            parts = ", ".join(f"{name} for {age:.0f} s" for name, age in silent)
+            return web.Response(status=503, text=f"no progress: {parts}\n")
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self._work, _nothing), self.bounds.pool_probe)
+        except asyncio.TimeoutError:
+            probe = self.bounds.pool_probe
+            return web.Response(status=503, text=f"no review thread ran a no-op within {probe:g} s\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
@@ -541,6 +563,10 @@ class Server:
         except (ApiError, asyncio.TimeoutError) as exc:
             log.info("bounded read of %s %r/%r failed: %.200s", need.kind, need.namespace[:80], need.name[:80], exc)
             return None
+
+
+def _nothing() -> None:
+    """What /healthz asks a review thread to run."""
 
 
 def _raise_file_limit() -> None:

@@ -11,6 +11,9 @@ from typing import Final
 from fiar_operator.errors import ConfigurationError
 
 ALWAYS_EXCLUDED: Final = ("kube-system",)
+MAX_READ_TIMEOUT: Final = 0.4
+"""Longest ``--read-timeout``: the binding webhook's read must end within the server's deadline for
+a review (0.6 s, ``server.WORK_DEADLINE``) with time left to answer; the chart's schema says the same."""
 
 
 def excluded_namespaces(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = ()) -> tuple[str, ...]:
@@ -63,5 +66,7 @@ class Settings:
         for port in (self.webhook_port, self.metrics_port):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"port {port} is out of range")
-        if self.read_timeout <= 0 or self.read_timeout > 5:
-            raise ConfigurationError("--read-timeout must be in (0, 5] seconds (the binding webhook times out at 2)")
+        if not 0 < self.read_timeout <= MAX_READ_TIMEOUT:
+            raise ConfigurationError(
+                f"--read-timeout must be in (0, {MAX_READ_TIMEOUT:g}] seconds (the webhook answers within 0.6 s)"
+            )

@@ -21,7 +21,7 @@ CHART = ROOT / "charts" / "fiar"
 CUSTOM_VALUES: dict[str, Any] = {
     "fullnameOverride": "gpu-fiar",
     "operator.replicas": 3,
-    "operator.webhook.timeoutSeconds": 1,
+    "operator.webhook.timeoutSeconds": 2,
     "operator.webhook.excludeNamespaces[0]": "batch",
     "operator.verbose": True,
     "operator.podDisruptionBudget.minAvailable": 2,
@@ -206,7 +206,7 @@ def test_custom_values_reach_the_objects(controlplane_binaries: Any) -> None:
     webhooks = kinds["MutatingWebhookConfiguration"][0]["webhooks"]
     excluded = set(webhooks[0]["namespaceSelector"]["matchExpressions"][0]["values"])
     assert excluded == {"kube-system", "gpu-ops", "batch"}
-    assert all(w["timeoutSeconds"] == 1 for w in webhooks)
+    assert all(w["timeoutSeconds"] == 2 for w in webhooks)
     assert "--exclude-namespace=batch" in kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     webhook_rule = kinds["NetworkPolicy"][0]["spec"]["ingress"][0]
     assert webhook_rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]

@@ -40,4 +40,4 @@ def test_registered_webhooks_are_the_charts_webhooks(
         assert {k: got[k] for k in expected if k != "clientConfig"} == {
             k: v for k, v in expected.items() if k != "clientConfig"
         }
-        assert got["timeoutSeconds"] == webhookconfig.TIMEOUT_SECONDS == 2
+        assert got["timeoutSeconds"] == webhookconfig.TIMEOUT_SECONDS == 1

@@ -4,12 +4,15 @@ One release (non-default name and namespace) is installed once for the module; t
 order on it: the operator's pods on the real node behind restricted Pod Security, the agent labelling
 its own node from its DaemonSet pod, a rolling upgrade under a stream of pod creations, the backend
 inside a vLLM stand-in container for each verdict and after drift, the fallback while the operator is
-down, and a clean uninstall.
+down, a hung operator restarted by its probes (timed, printed with ``-s``), and a clean uninstall.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import statistics
 import threading
 import time
@@ -498,11 +501,158 @@ def test_pod_start_on_the_real_node_with_and_without_the_webhooks(release: Relea
     print(f"\npod start on the real node (median of 5, create to running): {summary}")
 
 
+# -- a hung operator -------------------------------------------------------------------------------
+def _container_pids(container_id: str) -> list[int]:
+    """The host PIDs of the processes in one container: those whose cgroup path names its ID."""
+    cid = container_id.split("://", 1)[-1]
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if cid in (proc / "cgroup").read_text():
+                pids.append(int(proc.name))
+        except OSError:
+            continue  # ended meanwhile
+    return pids
+
+
+@dataclass
+class Timed:
+    """Pod CREATEs of one kind at a steady pace, each timed; managed ones also until bound."""
+
+    rel: Release
+    namespace: str
+    managed: bool
+    samples: list[tuple[float, float, float | None, bool]] = field(default_factory=list)
+    """(start on the monotonic clock, CREATE seconds, seconds to bound or None, mutated)."""
+    failed: list[tuple[float, str]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with self.rel.api() as api:
+            core = client.CoreV1Api(api)
+            i = 0
+            while not self.stop.is_set():
+                i += 1
+                labels = None if self.managed else {"app.kubernetes.io/name": "web"}
+                name = f"{'managed' if self.managed else 'plain'}-{i}"
+                body = _standin_pod(name, node=None if self.managed else self.rel.kwok_node, labels=labels)
+                if self.managed:  # bound by the scheduler, through the binding webhook
+                    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.rel.kwok_node}
+                began = time.monotonic()
+                try:
+                    pod = core.create_namespaced_pod(self.namespace, body)
+                except ApiException as exc:
+                    self.failed.append((began, f"{exc.status} {exc.reason}"))
+                    continue
+                created = time.monotonic() - began
+                bound = None
+                if self.managed:
+                    while time.monotonic() - began < 10:
+                        if core.read_namespaced_pod(pod.metadata.name, self.namespace).spec.node_name:
+                            bound = time.monotonic() - began - created
+                            break
+                        time.sleep(0.02)
+                mutated = contract.LABEL_POD_POLICY in (pod.metadata.labels or {})
+                self.samples.append((began, created, bound, mutated))
+                core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+                self.stop.wait(0.25)
+
+
+def _summary(timed: Timed, start: float, end: float) -> dict[str, Any]:
+    within = [s for s in timed.samples if start <= s[0] < end]
+    waits = [s[1] for s in within]
+    binds = [s[2] for s in within if s[2] is not None]
+    return {
+        "pods": len(within),
+        "create_max_s": round(max(waits, default=0), 2),
+        "create_waited_0.9s": sum(w >= 0.9 for w in waits),
+        **({"bind_max_s": round(max(binds, default=0), 2), "bind_waited_0.9s": sum(b >= 0.9 for b in binds)}
+           if timed.managed else {}),
+        "unmutated": sum(not s[3] for s in within) if timed.managed else None,
+        "failed": len([f for f in timed.failed if start <= f[0] < end]),
+    }  # fmt: skip
+
+
+def test_a_hung_operator_is_restarted_by_its_liveness_probe(release: Release) -> None:
+    """Stops every operator process (SIGSTOP from the host) and measures the time until each
+    operator pod was restarted and is ready again, and what pod creations saw meanwhile."""
+    with release.api() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "hang"}})
+        operators = [p for p in _pods(release, "operator") if _ready(p)]
+        restarts = {p.metadata.name: p.status.container_statuses[0].restart_count for p in operators}
+        pids = [pid for p in operators for pid in _container_pids(p.status.container_statuses[0].container_id)]
+        assert pids, "the operator containers' processes"
+        timers = [Timed(release, "hang", managed=True), Timed(release, "hang", managed=False)]
+        threads = [threading.Thread(target=t.run, daemon=True) for t in timers]
+        for thread in threads:
+            thread.start()
+        restarted: dict[str, float] = {}
+        ready: dict[str, float] = {}
+        try:
+            time.sleep(5)  # pods created with the operator well
+            hung = time.monotonic()
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+
+            def recovered() -> bool:
+                for pod in core.list_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/instance={RELEASE},"
+                                                    "app.kubernetes.io/component=operator").items:  # fmt: skip
+                    name, status = pod.metadata.name, (pod.status.container_statuses or [None])[0]
+                    if status is None or name not in restarts:
+                        continue
+                    if status.restart_count > restarts[name]:
+                        restarted.setdefault(name, time.monotonic() - hung)
+                        if _ready(pod):
+                            ready.setdefault(name, time.monotonic() - hung)
+                return len(ready) == len(restarts)
+
+            wait_for(recovered, 240, "every hung operator restarted and ready", interval=0.2)
+
+            def mutating() -> float | None:  # the first managed pod created after the hang and mutated
+                return next((s[0] - hung for s in list(timers[0].samples) if s[0] > hung + 1 and s[3]), None)
+
+            try:
+                mutated_after = wait_for(mutating, 180, "a managed pod mutated again", interval=0.2)
+            except Exception:
+                for pod in _pods(release, "operator"):
+                    log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, tail_lines=30)
+                    print(f"\n--- {pod.metadata.name}\n{log}")
+                raise
+            time.sleep(5)  # pods created after the recovery
+        finally:
+            for pid in pids:  # processes the kubelet has not killed yet (none, once all restarted)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            for timer in timers:
+                timer.stop.set()
+            for thread in threads:
+                thread.join(20)
+            core.delete_namespace("hang")
+    kinds = {"managed": timers[0], "unmanaged": timers[1]}
+    report = {
+        "restarted_s": sorted(round(v, 1) for v in restarted.values()),
+        "ready_s": sorted(round(v, 1) for v in ready.values()),
+        "mutating_again_s": round(mutated_after, 1),
+        "before": {k: _summary(t, hung - 5, hung) for k, t in kinds.items()},
+        "hung": {k: _summary(t, hung, hung + mutated_after) for k, t in kinds.items()},
+        "after": {k: _summary(t, hung + mutated_after, hung + mutated_after + 5) for k, t in kinds.items()},
+    }
+    print(f"\nhung operator (all {len(restarts)} replicas stopped): {json.dumps(report)}")
+    assert set(ready) == set(restarts)
+
+
 def test_helm_uninstall_leaves_nothing_of_the_release(release: Release) -> None:
     with release.api() as api:
         core = client.CoreV1Api(api)
         for ns, name in release.created:
-            core.delete_namespaced_pod(name, ns, grace_period_seconds=1)
+            try:
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=1)
+            except ApiException as exc:
+                if exc.status != 404:  # gone already, with its namespace
+                    raise
     release.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
     selector = f"app.kubernetes.io/instance={RELEASE}"
     with release.api() as api:

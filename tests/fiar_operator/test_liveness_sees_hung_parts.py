@@ -1,0 +1,149 @@
+"""/healthz fails while any part of the operator has stopped making progress: an event loop that
+no longer turns (kopf's, on the main thread), the reconciler, or review threads that all hang. The
+webhook server's own loop answers /healthz, so its hang shows as a probe timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import http.client
+import json
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import pki
+from devcluster.waiting import wait_for
+from fiar_operator.admission import Admission, Need, Review
+from fiar_operator.liveness import Heartbeats
+from fiar_operator.metrics import Metrics
+from fiar_operator.server import Bounds, Server
+from fiar_operator.settings import Settings
+from fiar_operator.store import Store
+
+BOUNDS = Bounds(workers=1, work_deadline=0.3, pool_probe=0.3)
+
+
+class HeldAdmission(Admission):
+    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        super().__init__(store, metrics)
+        self.release = threading.Event()
+
+    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
+        if review.uid == "held":
+            self.release.wait(10)
+        return super().pod_create(review, fetched, can_read)
+
+
+def start(workdir: Path) -> tuple[Server, HeldAdmission]:
+    ca = pki.CertificateAuthority()
+    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
+    (workdir / "ca.crt").write_bytes(ca.cert_pem)
+    store = Store()
+    for kind in ("nodes", "namespaces", "policies", "pods"):
+        store.replace_all(kind, [])
+    metrics = Metrics(store.sizes)
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
+    )
+    admission = HeldAdmission(store, metrics)
+    server = Server(admission, metrics, settings, None, lambda: store.synced, BOUNDS)
+    server.start()
+    return server, admission
+
+
+def post_review(server: Server, workdir: Path, uid: str) -> int:
+    request = {"uid": uid, "operation": "CREATE", "namespace": "ml", "object": {"metadata": {}, "spec": {}}}
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+    context = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
+    try:
+        conn.request("POST", "/mutate/pods", body.encode(), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def healthz(server: Server, timeout: float = 5) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=timeout)
+    try:
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Server, HeldAdmission, Path]]:
+    server, admission = start(tmp_path)
+    yield server, admission, tmp_path
+    admission.release.set()
+    server.stop()
+
+
+def test_a_heartbeat_silent_beyond_its_bound_is_named_until_it_beats_again() -> None:
+    clock = Clock()
+    beats = Heartbeats(clock)
+    beats.expect("reconciler", 60)
+    beats.beat("unknown")  # never expected: ignored
+    clock.now += 60
+    assert beats.silent() == []
+    clock.now += 1
+    assert beats.silent() == [("reconciler", 61)]
+    beats.beat("reconciler")
+    assert beats.silent() == []
+    beats.forget("reconciler")
+    clock.now += 1000
+    assert beats.silent() == []
+
+
+def test_a_blocked_event_loop_makes_healthz_fail_and_recovers_when_it_turns_again(
+    served: tuple[Server, HeldAdmission, Path],
+) -> None:
+    server, _, _ = served
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    pulse = asyncio.run_coroutine_threadsafe(server.heartbeats.pulse("kopf-loop", within=0.4, every=0.05), loop)
+    try:
+        assert healthz(server)[0] == 200
+        loop.call_soon_threadsafe(time.sleep, 1.5)  # the loop runs a call that blocks it
+        unhealthy = wait_for(lambda: (got := healthz(server))[0] == 503 and got, 1.4, "unhealthy")
+        assert "no progress: kopf-loop" in unhealthy[1]
+        wait_for(lambda: healthz(server)[0] == 200, 5, "healthy again once the loop turns")
+    finally:
+        pulse.cancel()
+        time.sleep(0.2)  # the task ends on the loop, then the loop stops
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_review_threads_that_all_hang_make_healthz_fail(served: tuple[Server, HeldAdmission, Path]) -> None:
+    server, admission, workdir = served
+    assert healthz(server)[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answered = pool.submit(post_review, server, workdir, "held")  # holds the one review thread
+        assert answered.result(5) == 200, "the review itself is answered at the deadline, unchanged"
+        status, text = healthz(server)
+        assert status == 503 and "no review thread" in text
+        admission.release.set()
+        wait_for(lambda: healthz(server)[0] == 200, 5, "healthy once the thread is free")

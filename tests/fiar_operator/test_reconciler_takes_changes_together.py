@@ -1,0 +1,127 @@
+"""The reconciler takes every pending change at once and reviews each pod they concern once, its
+PATCHes side by side: a node's verdict restored while its pods' own changes still wait behind it
+re-annotates them together, not one PATCH after another. And it never waits for its events to be
+posted: a verdict restored right after its removal is not held up by the removal's events."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import fiar_contract as contract
+from fiar_operator import kube
+from fiar_operator.changes import change_of
+from fiar_operator.decide import decide
+from fiar_operator.policy import parse_policy
+from fiar_operator.runtime import BATCH, Runtime
+from fiar_operator.settings import Settings
+
+POLICY = {"metadata": {"name": "vllm", "uid": "p-1"}, "spec": {"podSelector": {}}}
+VERIFIED = {"metadata": {"name": "gpu-1", "labels": {contract.LABEL_BACKEND: "trtllm"}}}
+
+
+class SlowKube(kube.Kube):
+    """Answers each pod PATCH after a round trip's time, and counts the PATCHes in flight at once;
+    holds every Event POST until ``release`` is set."""
+
+    def __init__(self, pods: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.pods = pods
+        self.annotated: list[str] = []
+        self.in_flight = self.most_at_once = 0
+        self._lock = threading.Lock()
+        self.release = threading.Event()
+        self.posted: list[str] = []
+
+    def call(self, method: str, path: str, query: Any = None, body: Any = None, **_: Any) -> Any:
+        assert method == "POST" and path.endswith("/events"), (method, path)
+        self.release.wait(30)
+        with self._lock:
+            self.posted.append(body["reason"])
+        return body
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+        with self._lock:
+            self.in_flight += 1
+            self.most_at_once = max(self.most_at_once, self.in_flight)
+        time.sleep(0.02)
+        with self._lock:
+            self.in_flight -= 1
+            self.annotated.append(name)
+        patched = copy.deepcopy(self.pods[(namespace, name)])
+        patched["metadata"]["annotations"].update(annotations)
+        patched["metadata"]["resourceVersion"] = "2"
+        return patched
+
+
+def fallen_back_pod(i: int) -> dict[str, Any]:
+    """A running managed pod on gpu-1, re-annotated to the fallback while gpu-1 had no verdict."""
+    fallback = decide(parse_policy(POLICY), "gpu-1", {}, trigger="reconcile")
+    return {
+        "metadata": {
+            "name": f"vllm-{i}",
+            "namespace": "ml",
+            "uid": f"uid-{i}",
+            "resourceVersion": "1",
+            "labels": {contract.LABEL_POD_POLICY: "vllm"},
+            "annotations": dict(fallback.annotations()),
+        },
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_pods_waiting_behind_their_nodes_restored_verdict_are_patched_together_once_each() -> None:
+    pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(16)}
+    client = SlowKube(pods)
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime.store.put_policy(POLICY)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    runtime.store.put_node(VERIFIED)
+    for pod in pods.values():  # the MODIFIED events of the PATCHes that took the verdict away
+        runtime.store.put_pod(pod)
+        runtime.changes.put(change_of("pods", "MODIFIED", pod))
+    runtime.changes.put(change_of("nodes", "MODIFIED", VERIFIED))  # the verdict comes back
+
+    events = runtime.apply_all(runtime.changes.take_all(0, BATCH))
+
+    assert sorted(client.annotated) == sorted(name for _, name in pods), "each pod patched once"
+    assert client.most_at_once > 1, "the PATCHes went out side by side"
+    assert {runtime.store.pods[key].backend for key in pods} == {"trtllm"}
+    assert [e.reason for e in events] == ["NodeVerdictChanged"] * len(pods)
+    assert len(runtime.changes) == 0
+
+
+def test_take_all_returns_every_pending_change_oldest_first_up_to_the_limit() -> None:
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), SlowKube({}))
+    for name in ("a", "b", "c"):
+        runtime.changes.put(change_of("nodes", "MODIFIED", {"metadata": {"name": name}}))
+    assert [c.name for c in runtime.changes.take_all(0, 2)] == ["a", "b"]
+    assert [c.name for c in runtime.changes.take_all(0, 2)] == ["c"]
+    assert runtime.changes.take_all(0, 2) == []
+
+
+def test_the_reconciler_goes_on_while_its_events_are_posted() -> None:
+    pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
+    client = SlowKube(pods)
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime.store.put_policy(POLICY)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    for pod in pods.values():
+        runtime.store.put_pod(pod)
+    events = runtime.on_node(VERIFIED)
+    assert len(events) == 4
+    handed = threading.Thread(target=runtime.post, args=(events,))
+    handed.start()
+    handed.join(10)
+    try:
+        assert not handed.is_alive(), "post returned while every Event POST was still held"
+        assert client.posted == []
+    finally:
+        client.release.set()
+    deadline = time.monotonic() + 10
+    while len(client.posted) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.posted == ["NodeVerdictChanged"] * 4
