@@ -10,6 +10,9 @@ configuration in turn (alternated, so load drifts hit all alike):
     fiar:V           the operator running, its webhook configuration registered (chart settings)
     fiar2s:V         the same with a 2 s webhook timeout instead of the default (only with --only)
     frozen:V         the same, with the operator process stopped (SIGSTOP): a hung operator
+    noop             bench/noop_webhook.py registered with the same configuration: a webhook that
+                     allows everything and patches nothing, on the same serving stack (aiohttp, TLS,
+                     one Python process); the floor any webhook costs here (only with --only)
 
 For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
 the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from operator_fleet import cpu_seconds, create, established
-from operator_process import OperatorProcess, buckets, quantile_bound, total
+from operator_process import NoopWebhookProcess, OperatorProcess, buckets, quantile_bound, total
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
@@ -68,6 +71,14 @@ def start_operator(plane: ControlPlane, source: Path | None, workdir: Path, narr
     )
     operator.wait_ready()
     return operator
+
+
+def start_noop(plane: ControlPlane, workdir: Path, pin: bool) -> NoopWebhookProcess:
+    assert plane.ca is not None
+    pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
+    noop = NoopWebhookProcess(workdir, pair.write(workdir, "serving"), pin_core=1 if pin else None)
+    noop.wait_ready()
+    return noop
 
 
 def pod(i: int, managed: bool) -> dict[str, Any]:
@@ -188,12 +199,14 @@ def main() -> None:
             for configuration in configurations:
                 kind, _, variant = configuration.partition(":")
                 source = dict(variants).get(variant)
-                running = None
-                if kind != "without":
+                running: OperatorProcess | None = None
+                if kind == "noop":
+                    running = start_noop(plane, workdir, pin=args.pin)
+                elif kind != "without":
                     running = start_operator(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 try:
-                    if kind in ("fiar", "fiar2s", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen", "noop"):
                         assert running is not None
                         register(client, plane, running.port, 2 if kind == "fiar2s" else webhookconfig.TIMEOUT_SECONDS)
                         if variant == "after":
@@ -251,7 +264,7 @@ def main() -> None:
                 finally:
                     if running is not None:
                         running.stop()
-                    if kind in ("fiar", "fiar2s", "frozen"):
+                    if kind in ("fiar", "fiar2s", "frozen", "noop"):
                         client.delete(kube.MUTATING_CONFIGS, CONFIG)
                         time.sleep(2)
         base = {label: p(results[("without", label)], 99) for label in ("unmanaged", "managed")}

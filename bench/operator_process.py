@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +96,33 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
             self.process.wait(5)
+
+
+class NoopWebhookProcess(OperatorProcess):
+    """``bench/noop_webhook.py`` on a loopback port: a webhook that allows everything, for comparison."""
+
+    def __init__(self, workdir: Path, tls: tuple[Path, Path], *, pin_core: int | None = None) -> None:
+        self.port, self.metrics_port = free_port(), 0
+        script = Path(__file__).with_name("noop_webhook.py")
+        argv = [
+            *(["taskset", "-c", str(pin_core)] if pin_core is not None else []),
+            sys.executable,
+            str(script),
+            f"--port={self.port}",
+            f"--cert={tls[0]}",
+            f"--key={tls[1]}",
+        ]
+        self.log = workdir / f"noop-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as out:
+            self.started = time.monotonic()
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def ready(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
 
 def buckets(text: str, metric: str, **labels: str) -> dict[float, float]:
