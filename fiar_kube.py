@@ -111,6 +111,7 @@ _BY_STATUS: Final[Mapping[int, type[ApiError]]] = {
     409: Conflict,
     410: Gone,
     422: Invalid,
+    408: Unavailable,
     429: Unavailable,
 }
 
@@ -226,6 +227,7 @@ def load_config(
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
     cfg = client.Configuration()
+    cfg.no_proxy = None  # read from the process's environment by the client; ``environ`` decides here
     try:
         if kubeconfig:
             config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
@@ -306,7 +308,10 @@ def proxy_for(cfg: Any, environ: Mapping[str, str] | None = None) -> str | None:
     """The proxy URL for the configuration's API server, or None to connect directly."""
     found = proxies(os.environ if environ is None else environ)
     host = str(cfg.host)
-    proxy = getattr(cfg, "proxy", None) or found.get(urlsplit(host).scheme) or found.get("all")
+    explicit = getattr(cfg, "proxy", None)
+    if explicit:  # a kubeconfig's proxy-url is used as given (as client-go does: NO_PROXY is not read)
+        return str(explicit)
+    proxy = found.get(urlsplit(host).scheme) or found.get("all")
     if not proxy:
         return None
     no_proxy = getattr(cfg, "no_proxy", None)
@@ -472,20 +477,26 @@ class Client:
         import urllib3
 
         response = self._send(method, path, query, body, content_type, timeout)
+        ok = 200 <= response.status <= 299
         try:
-            data = response.read()
+            data = response.read() if ok else response.read(64 * 1024)  # an error's text is bounded
         except urllib3.exceptions.HTTPError as exc:
             raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         finally:
-            response.release_conn()
-        if not 200 <= response.status <= 299:
+            response.release_conn() if ok else response.close()
+        if not ok:
             raise error_for(
                 response.status,
                 f"{method} {path}: HTTP {response.status} {status_message(data)}".strip(),
                 reason=response.reason or "",
                 body=data[:MAX_ERROR_BODY].decode(errors="replace"),
             )
-        return json.loads(data) if data else None
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:  # a 2xx that is not JSON (a proxy's page, a cut answer): transient
+            raise Unavailable(f"{method} {path}: the answer is not JSON: {str(exc)[:200]}") from exc
 
     def stream(
         self,
@@ -501,6 +512,7 @@ class Client:
         import urllib3
 
         response = self._send("GET", path, query, None, None, (connect_timeout_s, read_timeout_s))
+        ended = False
         try:
             if not 200 <= response.status <= 299:
                 data = response.read(64 * 1024)
@@ -513,10 +525,13 @@ class Client:
             lines = WatchLines(max_event_bytes)
             for chunk in response.stream(64 * 1024):
                 yield from lines.feed(chunk)
+            ended = True
         except urllib3.exceptions.HTTPError as exc:
             raise Unavailable(f"watch {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         finally:
-            response.release_conn()
+            # a stream the server ended goes back to the pool; one left early (an ERROR event, a
+            # line over the bound, a stop) may hold unread bytes, so its connection is closed
+            response.release_conn() if ended else response.close()
 
     def close(self) -> None:
         self._pool.clear()

@@ -89,7 +89,11 @@ class Leadership:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            leading = self.check()
+            try:
+                leading = self.check()
+            except Exception:  # an unforeseen answer: keep the current state, check again next time
+                log.exception("peering %s not checked", self.name)
+                leading = self.leading
             if leading != self.leading:
                 self.leading = leading
                 log.info("this replica %s reconciling (peering %s)", "starts" if leading else "stops", self.name)

@@ -121,7 +121,10 @@ class StatusWriter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a bug or an answer nobody foresaw must not end the status writes
+                log.exception("policy status pass failed")
 
     def flush(self) -> int:
         """One pass: write every marked or due status that changed; how many were written."""
@@ -282,6 +285,8 @@ class Runtime:
         that the reconciler waits for room."""
         for event in events:
             while not self._pending_events.acquire(timeout=1.0):
+                if self._stop.is_set():  # the posters are shut down: no room will come
+                    return
                 self.heartbeats.beat(liveness.RECONCILER)  # waiting for room is progress, not a hang
             try:
                 self._posters.submit(self._post_one, event)

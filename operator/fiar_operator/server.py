@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
@@ -68,9 +68,11 @@ HANDSHAKE_TIMEOUT: Final = 5.0
 SHUTDOWN_TIMEOUT: Final = 2.0
 """Seconds a closed TLS connection waits for the peer's close_notify before its socket is freed."""
 READY_KINDS: Final = ("nodes", "namespaces", "policies", "pods")
-POOL_PROBE: Final = 1.0
-"""Seconds /healthz waits for a review thread to run a no-op: only threads that all hang miss it
-(a review takes milliseconds; the chart's probe times out after 2 s)."""
+_T = TypeVar("_T")
+POOL_STALL: Final = 5.0
+"""Seconds the review threads may go without finishing a review while reviews wait for them: only
+threads that all hang stay silent this long (a review takes milliseconds; the largest allowed ones
+well under a second). A burst only queues reviews, and they keep finishing, so it never counts."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Bounds:
     max_connections: int = MAX_CONNECTIONS
     idle_timeout: float = IDLE_TIMEOUT
     handshake_timeout: float = HANDSHAKE_TIMEOUT
-    pool_probe: float = POOL_PROBE
+    pool_stall: float = POOL_STALL
 
 
 def _server_context(cert: str, key: str) -> ssl.SSLContext:
@@ -316,6 +318,7 @@ class Server:
             max_workers=bounds.workers, thread_name_prefix="webhook-work"
         )
         self._budget: _Budget | None = None
+        self.progress = _Progress()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> None:
@@ -421,18 +424,19 @@ class Server:
         return app
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        """200 while this loop answers, every heartbeat is within its bound, and a review thread
-        runs a no-op within ``pool_probe``; 503 with the reason otherwise."""
+        """200 while this loop answers, every heartbeat is within its bound, and the review threads
+        finished a review within ``pool_stall`` whenever reviews waited for them; 503 with the reason
+        otherwise."""
         silent = self.heartbeats.silent()
         if silent:
             parts = ", ".join(f"{name} for {age:.0f} s" for name, age in silent)
             return web.Response(status=503, text=f"no progress: {parts}\n")
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(loop.run_in_executor(self._work, _nothing), self.bounds.pool_probe)
-        except asyncio.TimeoutError:
-            probe = self.bounds.pool_probe
-            return web.Response(status=503, text=f"no review thread ran a no-op within {probe:g} s\n")
+        stalled = self.progress.stalled(self.bounds.pool_stall)
+        if stalled is not None:
+            waiting, age = stalled
+            return web.Response(
+                status=503, text=f"no review thread finished a review for {age:.0f} s ({waiting} waiting)\n"
+            )
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
@@ -525,16 +529,20 @@ class Server:
 
     async def _answer(self, job: _Job, webhook: str) -> dict[str, Any]:
         """Parse and answer on the thread pool (one hop); a ``Need`` is read here, then answered there."""
-        loop = asyncio.get_running_loop()
-        first = await loop.run_in_executor(self._work, self._first, job, webhook)
+        first = await self._on_review_thread(functools.partial(self._first, job, webhook))
         assert job.review is not None
         if isinstance(first, Need):
             call = self.admission.pod_create if webhook == "pods" else self.admission.binding
             fetched = await self._fetch(first)
-            first = await loop.run_in_executor(
-                self._work, functools.partial(call, job.review, fetched=fetched, can_read=False)
-            )
+            first = await self._on_review_thread(functools.partial(call, job.review, fetched=fetched, can_read=False))
         return first if not isinstance(first, Need) else respond(job.review)
+
+    def _on_review_thread(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
+        """``call`` on a review thread, counted by ``progress`` (for /healthz)."""
+        future = self._work.submit(call)
+        self.progress.submitted()
+        future.add_done_callback(self.progress.done)
+        return asyncio.wrap_future(future)
 
     def _first(self, job: _Job, webhook: str) -> dict[str, Any] | Need:
         body, job.body = job.body, b""
@@ -565,8 +573,37 @@ class Server:
             return None
 
 
-def _nothing() -> None:
-    """What /healthz asks a review thread to run."""
+class _Progress:
+    """Whether the review threads still finish reviews: reviews submitted and not done, and when one
+    last finished (or, when none was waiting, when the first of those was submitted). Thread-safe.
+
+    A review cancelled before it ran (its deadline passed while it waited) is no longer waiting but
+    is not progress either: threads that all hang would otherwise look alive for as long as new
+    reviews keep arriving and timing out behind them."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._since = clock()
+
+    def submitted(self) -> None:
+        with self._lock:
+            if self._waiting == 0:
+                self._since = self.clock()
+            self._waiting += 1
+
+    def done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if not future.cancelled():
+                self._since = self.clock()
+
+    def stalled(self, bound: float) -> tuple[int, float] | None:
+        """(reviews waiting, seconds without one finished) when that exceeds ``bound``, else None."""
+        with self._lock:
+            age = self.clock() - self._since
+            return (self._waiting, age) if self._waiting and age > bound else None
 
 
 def _raise_file_limit() -> None:

@@ -22,11 +22,11 @@ from devcluster.waiting import wait_for
 from fiar_operator.admission import Admission, Need, Review
 from fiar_operator.liveness import Heartbeats
 from fiar_operator.metrics import Metrics
-from fiar_operator.server import Bounds, Server
+from fiar_operator.server import Bounds, Server, _Progress
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
 
-BOUNDS = Bounds(workers=1, work_deadline=0.3, pool_probe=0.3)
+BOUNDS = Bounds(workers=1, work_deadline=0.3, pool_stall=0.5)
 
 
 class HeldAdmission(Admission):
@@ -143,7 +143,39 @@ def test_review_threads_that_all_hang_make_healthz_fail(served: tuple[Server, He
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         answered = pool.submit(post_review, server, workdir, "held")  # holds the one review thread
         assert answered.result(5) == 200, "the review itself is answered at the deadline, unchanged"
-        status, text = healthz(server)
-        assert status == 503 and "no review thread" in text
+        wait_for(lambda: healthz(server)[0] == 503, 5, "unhealthy while no review finishes")
+        assert "no review thread finished a review" in healthz(server)[1]
         admission.release.set()
         wait_for(lambda: healthz(server)[0] == 200, 5, "healthy once the thread is free")
+
+
+def test_a_burst_of_reviews_that_keep_finishing_is_progress() -> None:
+    clock = Clock()
+    progress = _Progress(clock)
+    queued = [concurrent.futures.Future[None]() for _ in range(200)]
+    for _ in queued:
+        progress.submitted()
+    for future in queued:  # 200 reviews queued, one finishing every 0.1 s: 20 s of backlog
+        clock.now += 0.1
+        future.set_result(None)
+        progress.done(future)
+        assert progress.stalled(5.0) is None
+    clock.now += 60
+    assert progress.stalled(5.0) is None, "idle is not a stall"
+
+
+def test_reviews_that_time_out_behind_hung_threads_are_no_progress() -> None:
+    clock = Clock()
+    progress = _Progress(clock)
+    hung = concurrent.futures.Future[None]()
+    progress.submitted()
+    for _ in range(70):  # new reviews keep coming and are cancelled at their deadline, unrun
+        clock.now += 0.1
+        late = concurrent.futures.Future[None]()
+        progress.submitted()
+        late.cancel()
+        progress.done(late)
+    assert progress.stalled(5.0) == (1, pytest.approx(7.0))
+    hung.set_result(None)
+    progress.done(hung)
+    assert progress.stalled(5.0) is None

@@ -65,6 +65,15 @@ def test_requests_go_through_the_proxy_unless_no_proxy_names_the_server(serve: C
     assert len(proxy.seen) == 1 and api_server.seen[0].path == "/api/v1/nodes"
 
 
+def test_a_kubeconfig_proxy_url_is_used_whatever_no_proxy_says(serve: Callable[..., Loopback]) -> None:
+    api_server, proxy = serve(served()), serve(served({"from": "proxy"}))
+    cfg = client.Configuration(host=api_server.url)
+    cfg.proxy = proxy.url  # what load_kube_config sets from a cluster's proxy-url
+    api = kube.Client(cfg, user_agent="t", environ={"NO_PROXY": "localhost,127.0.0.0/8"})
+    assert api.request("GET", "/api/v1/nodes") == {"from": "proxy"}
+    assert not api_server.seen
+
+
 def in_cluster(account: ServiceAccount, server: Loopback) -> Any:
     environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port)}
     return kube.load_config(None, environ=environ, service_account=str(account.folder))

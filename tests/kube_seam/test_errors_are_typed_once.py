@@ -24,6 +24,7 @@ STATUS_TYPES = [
     (422, kube.Invalid),
     (400, kube.Rejected),
     (405, kube.Rejected),
+    (408, kube.Unavailable),
     (429, kube.Unavailable),
     (500, kube.Unavailable),
     (503, kube.Unavailable),
@@ -114,6 +115,21 @@ def test_a_successful_answer_is_decoded_and_carries_the_token(serve: Callable[..
     seen = server.seen[0]
     assert seen.headers["Authorization"] == "Bearer t" and seen.headers["User-Agent"] == "fiar-test/1"
     assert seen.headers["Content-Type"] == kube.MERGE_PATCH and seen.body == b'{"x": 1}'
+
+
+def test_a_successful_answer_that_is_not_json_is_unavailable(serve: Callable[..., Loopback]) -> None:
+    server = serve(answering(200, b"<html>a proxy's page</html>"))
+    api = kube.Client(configuration(server.url), user_agent="t", environ={})
+    with pytest.raises(kube.Unavailable, match="GET /api/v1/nodes: the answer is not JSON"):
+        api.request("GET", "/api/v1/nodes")
+
+
+def test_an_error_answer_is_read_only_up_to_its_bound(serve: Callable[..., Loopback]) -> None:
+    server = serve(answering(500, b"x" * (1 << 20)))
+    api = kube.Client(configuration(server.url), user_agent="t", environ={})
+    with pytest.raises(kube.Unavailable) as raised:
+        api.request("GET", "/api/v1/nodes")
+    assert len(raised.value.body) <= kube.MAX_ERROR_BODY
 
 
 def test_query_parameters_are_encoded_and_none_left_out(serve: Callable[..., Loopback]) -> None:
