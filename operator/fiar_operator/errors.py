@@ -11,7 +11,8 @@
     ├── Unavailable               fiar_kube, the seam shared with the node agent, re-exported here.
     ├── NotFound                  Each HTTP status is mapped to a type there, once; the operator
     ├── Conflict                  decides by type, never by number. ``fiar-operator`` reports an
-    ├── Gone                      ApiError at start like an OperatorError (exit code 2).
+    ├── Gone                      ApiError at start like an OperatorError (exit code 2). ApiError is
+    │                             not an OperatorError: ``except OperatorError`` does not catch it.
     └── Rejected (Unauthorized, Forbidden, Invalid, any other 4xx)
 
 Webhooks never let an error block a pod: anything that is not a ``ReviewError`` is answered with
