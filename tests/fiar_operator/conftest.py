@@ -14,6 +14,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -23,14 +24,18 @@ from typing import Any
 
 import pytest
 
+from devcluster import pki
 from devcluster.cluster import ControlPlane, free_port
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube, webhookconfig
+from fiar_operator.admission import Admission, Need, Review
 from fiar_operator.errors import ApiError
+from fiar_operator.metrics import Metrics
+from fiar_operator.server import Bounds, Server
+from fiar_operator.settings import Settings
+from fiar_operator.store import Store
 
 SESSION_LABEL = "fiar-operator-test"
-
-
 
 
 class Operator:
@@ -350,3 +355,34 @@ def make_kit() -> Iterator[Callable[[ControlPlane, str], Kit]]:
     yield make
     for helper in made:
         helper.cleanup()
+
+
+class HeldAdmission(Admission):
+    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        super().__init__(store, metrics)
+        self.release = threading.Event()
+
+    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
+        if review.uid == "held":
+            self.release.wait(10)
+        return super().pod_create(review, fetched, can_read)
+
+
+def start_held_server(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
+    """A webhook server on loopback ports over empty, listed indexes, serving ``ca``'s certificate
+    (its CA in ``workdir/ca.crt``) with ``HeldAdmission``."""
+    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
+    (workdir / "ca.crt").write_bytes(ca.cert_pem)
+    store = Store()
+    for kind in ("nodes", "namespaces", "policies", "pods"):
+        store.replace_all(kind, [])
+    metrics = Metrics(store.sizes)
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
+    )
+    admission = HeldAdmission(store, metrics)
+    server = Server(admission, metrics, settings, None, lambda: store.synced, bounds)
+    server.start()
+    return server, admission

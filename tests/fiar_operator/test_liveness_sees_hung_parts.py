@@ -13,50 +13,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from devcluster import pki
 from devcluster.waiting import wait_for
-from fiar_operator.admission import Admission, Need, Review
 from fiar_operator.liveness import Heartbeats
-from fiar_operator.metrics import Metrics
 from fiar_operator.server import Bounds, Server, _Progress
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
+
+from .conftest import HeldAdmission, start_held_server
 
 BOUNDS = Bounds(workers=1, work_deadline=0.3, pool_stall=0.5)
-
-
-class HeldAdmission(Admission):
-    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
-
-    def __init__(self, store: Store, metrics: Metrics) -> None:
-        super().__init__(store, metrics)
-        self.release = threading.Event()
-
-    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
-        if review.uid == "held":
-            self.release.wait(10)
-        return super().pod_create(review, fetched, can_read)
-
-
-def start(workdir: Path) -> tuple[Server, HeldAdmission]:
-    ca = pki.CertificateAuthority()
-    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
-    (workdir / "ca.crt").write_bytes(ca.cert_pem)
-    store = Store()
-    for kind in ("nodes", "namespaces", "policies", "pods"):
-        store.replace_all(kind, [])
-    metrics = Metrics(store.sizes)
-    settings = Settings(
-        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
-    )
-    admission = HeldAdmission(store, metrics)
-    server = Server(admission, metrics, settings, None, lambda: store.synced, BOUNDS)
-    server.start()
-    return server, admission
 
 
 def post_review(server: Server, workdir: Path, uid: str) -> int:
@@ -93,7 +60,7 @@ def healthz(server: Server, timeout: float = 5) -> tuple[int, str]:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Server, HeldAdmission, Path]]:
-    server, admission = start(tmp_path)
+    server, admission = start_held_server(pki.CertificateAuthority(), tmp_path, BOUNDS)
     yield server, admission, tmp_path
     admission.release.set()
     server.stop()

@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,26 +18,11 @@ from typing import Any
 import pytest
 
 from devcluster import pki
-from fiar_operator.admission import Admission, Need, Review
-from fiar_operator.metrics import Metrics
 from fiar_operator.server import Bounds, Server
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
+
+from .conftest import start_held_server
 
 SMALL = Bounds(max_body=64 * 1024, read_deadline=0.5, work_deadline=0.5, max_connections=6, idle_timeout=0.6)
-
-
-class HeldAdmission(Admission):
-    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
-
-    def __init__(self, store: Store, metrics: Metrics) -> None:
-        super().__init__(store, metrics)
-        self.release = threading.Event()
-
-    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
-        if review.uid == "held":
-            self.release.wait(10)
-        return super().pod_create(review, fetched, can_read)
 
 
 @pytest.fixture
@@ -46,25 +30,9 @@ def ca() -> pki.CertificateAuthority:
     return pki.CertificateAuthority()
 
 
-def start(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
-    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
-    (workdir / "ca.crt").write_bytes(ca.cert_pem)
-    store = Store()
-    for kind in ("nodes", "namespaces", "policies", "pods"):
-        store.replace_all(kind, [])
-    metrics = Metrics(store.sizes)
-    settings = Settings(
-        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
-    )
-    admission = HeldAdmission(store, metrics)
-    server = Server(admission, metrics, settings, None, lambda: store.synced, bounds)
-    server.start()
-    return server, admission
-
-
 @pytest.fixture
 def served(ca: pki.CertificateAuthority, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
-    server, admission = start(ca, tmp_path, SMALL)
+    server, admission = start_held_server(ca, tmp_path, SMALL)
     yield server, tmp_path
     admission.release.set()
     server.stop()
@@ -152,7 +120,7 @@ def test_over_the_connection_cap_the_longest_idle_connection_makes_room(served: 
 def test_over_the_cap_slow_requests_are_closed_and_a_prompt_connection_is_kept(
     ca: pki.CertificateAuthority, tmp_path: Path
 ) -> None:
-    server, admission = start(ca, tmp_path, Bounds(max_connections=4, read_deadline=10, idle_timeout=10))
+    server, admission = start_held_server(ca, tmp_path, Bounds(max_connections=4, read_deadline=10, idle_timeout=10))
     try:
         prompt = http.client.HTTPSConnection("127.0.0.1", server.port, context=context(tmp_path), timeout=5)
         prompt.request("POST", "/mutate/pods", review("first"))
