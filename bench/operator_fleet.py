@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
 from fiar_operator import crd, kube
 from fiar_operator.decide import decide
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import Conflict
 from fiar_operator.pods import FIELD_PATH
 from fiar_operator.policy import parse_policy
 
@@ -113,11 +114,8 @@ def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 24) 
 
 
 def create(client: kube.Kube, path: str, body: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(Conflict):  # already there
         client.call("POST", path, body=body, timeout=30.0)
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
 
 
 def populate(plane: ControlPlane, nodes: range, pods: range) -> None:
