@@ -13,6 +13,11 @@ configuration in turn (alternated, so load drifts hit all alike):
     noop             bench/noop_webhook.py registered with the same configuration: a webhook that
                      allows everything and patches nothing, on the same serving stack (aiohttp, TLS,
                      one Python process); the floor any webhook costs here (only with --only)
+    patch            the same no-op webhook answering every managed pod with fiar's own JSONPatch for
+                     it, computed once: what the API server spends on applying fiar's change, told
+                     from what the operator spends on deciding it (only with --only)
+    label            the same with only the patch's op that adds fiar's policy label: the smallest
+                     change any mutating webhook makes (only with --only)
 
 For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
 the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
@@ -20,7 +25,15 @@ Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), 
 pods created without fiar's label (their review failed or timed out), for ``operator:V`` the
 operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED event; CPU of the
 whole process over the batch, divided by the events), and for ``fiar``: the bucket of the 99th
-percentile of the operator's own time per pod review and of the API server's time per call.
+percentile of the operator's own time per pod review and of the API server's time per call; for
+every configuration, the CPU milliseconds per managed pod of each process on the machine (etcd, the
+API server, the creators, the webhook), over the batch and its deletion: where the two cores go.
+
+By default the creators run a closed loop (each makes its next pod when its last is created), which
+keeps the machine's CPU saturated, so a round trip is mostly a wait for CPU and its percentiles follow
+the CPU each pod costs in all processes together. ``--rate R`` makes R pods per second due instead
+(an open loop, each round trip counted from when its pod was due): the latency at a load the machine
+has room for.
 
     PYTHONPATH=tools .venv/bin/python bench/operator_create_latency.py --before /tmp/fiar-before [--pin]
 
@@ -49,9 +62,11 @@ from operator_process import NoopWebhookProcess, OperatorProcess, buckets, quant
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube, webhookconfig
+from fiar_operator import crd, kube, mutation, patches, policy, webhookconfig
 
 CONFIG = "fiar-bench"
+NOOPS = ("noop", "patch", "label")
+"""Configurations served by bench/noop_webhook.py."""
 HANDLER = "fiar_webhook_duration_seconds"
 MANAGED_NS, PLAIN_NS = "bench-managed", "bench-plain"
 
@@ -73,10 +88,10 @@ def start_operator(plane: ControlPlane, source: Path | None, workdir: Path, narr
     return operator
 
 
-def start_noop(plane: ControlPlane, workdir: Path, pin: bool) -> NoopWebhookProcess:
+def start_noop(plane: ControlPlane, workdir: Path, pin: bool, patch: str | None = None) -> NoopWebhookProcess:
     assert plane.ca is not None
     pair = plane.ca.issue("fiar-operator", hosts=("127.0.0.1", "localhost"))
-    noop = NoopWebhookProcess(workdir, pair.write(workdir, "serving"), pin_core=1 if pin else None)
+    noop = NoopWebhookProcess(workdir, pair.write(workdir, "serving"), pin_core=1 if pin else None, patch=patch)
     noop.wait_ready()
     return noop
 
@@ -90,19 +105,28 @@ def pod(i: int, managed: bool) -> dict[str, Any]:
     }
 
 
-def batch(client: kube.Kube, managed: bool, count: int, creators: int, start: int) -> tuple[list[float], float, int]:
+def batch(
+    client: kube.Kube, managed: bool, count: int, creators: int, start: int, rate: float | None = None
+) -> tuple[list[float], float, int]:
     """CREATE round trips (ms), seconds for the batch, and the pods created without fiar's policy
-    label (a managed pod whose review timed out or failed: created as sent)."""
+    label (a managed pod whose review timed out or failed: created as sent).
+
+    Without ``rate`` each creator makes its next pod as soon as its last one is created (a closed
+    loop: the machine runs flat out). With ``rate`` the pods are due at that many per second, whatever
+    the answers (an open loop), and each round trip counts from when its pod was due, so a pod that
+    waits for a free creator counts its wait."""
     namespace = MANAGED_NS if managed else PLAIN_NS
     path = f"/api/v1/namespaces/{namespace}/pods"
+    began = time.perf_counter()
 
     def one(i: int) -> tuple[float, bool]:
-        began = time.perf_counter()
+        due = began + (i - start) / rate if rate else time.perf_counter()
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)
         created = client.call("POST", path, body=pod(i, managed), timeout=30.0)
         labelled = contract.LABEL_POD_POLICY in (created["metadata"].get("labels") or {})
-        return (time.perf_counter() - began) * 1000, labelled
+        return (time.perf_counter() - due) * 1000, labelled
 
-    began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(creators) as pool:
         done = list(pool.map(one, range(start, start + count)))
     elapsed = time.perf_counter() - began
@@ -123,6 +147,25 @@ def apiserver_metrics(api: Any) -> str:
     return bytes(response.data).decode()
 
 
+def process_cpu(plane: ControlPlane, webhook: OperatorProcess | NoopWebhookProcess | None) -> dict[str, float]:
+    """CPU seconds so far of each process that shares the machine during a batch (the batch's
+    deletion included: it is part of every configuration alike)."""
+    own = os.times()
+    seconds = {name: cpu_seconds(c.pid) for name, c in plane.components.items() if c.pid is not None}
+    seconds["creators"] = own.user + own.system
+    seconds["webhook"] = cpu_seconds(webhook.process.pid) if webhook is not None else 0.0
+    return seconds
+
+
+def fiar_patch(body: dict[str, Any], spec: dict[str, Any], label_only: bool = False) -> str:
+    """fiar's JSONPatch (base64) for the managed pod of this benchmark under its policy, as the pod
+    webhook answers it while the pod waits for a node; ``label_only``: its one op that adds the
+    policy label (the smallest change a mutating webhook makes)."""
+    chosen = policy.parse_policy({**body, "spec": spec})
+    ops = mutation.plan_pod_create(pod(0, managed=True), chosen, {}).ops
+    return patches.encode([op for op in ops if op["path"].startswith("/metadata/labels")] if label_only else ops)
+
+
 WEBHOOK_SECONDS = "apiserver_admission_webhook_admission_duration_seconds"
 
 
@@ -139,6 +182,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
     parser.add_argument("--pods", type=int, default=300, help="pods per batch")
     parser.add_argument("--creators", type=int, default=20)
+    parser.add_argument(
+        "--rate", type=float, help="pods per second due in each batch (an open loop; default: closed loop)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument(
@@ -154,7 +200,10 @@ def main() -> None:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-create-"))
     print(f"# {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}; work in {workdir}")
-    print(f"# {args.pods} pods per batch, {args.creators} creators, {args.rounds} rounds, pinned: {args.pin}")
+    print(
+        f"# {args.pods} pods per batch, {args.creators} creators, {args.rounds} rounds, pinned: {args.pin}, "
+        f"rate: {args.rate or 'closed loop'}"
+    )
     plane = ControlPlane(workdir / "plane", Tier.A)
     plane.start()
     if args.pin:
@@ -187,6 +236,9 @@ def main() -> None:
         means: dict[tuple[str, str], list[float]] = {}
         """(configuration, measure) -> per managed batch: mean time per review in the operator and per
         call in the API server (ms), and the operator's CPU per managed pod (ms, its watch included)."""
+        shares: dict[tuple[str, str], list[float]] = {}
+        """(configuration, process) -> per managed batch: CPU ms per pod of each process (the
+        control plane's, this benchmark's creators, the webhook's): where the machine's two cores go."""
         unlabelled: dict[tuple[str, str], int] = {}
         """(configuration, kind) -> managed pods created without fiar's label."""
         handler: dict[str, list[tuple[float, float]]] = {}
@@ -202,11 +254,14 @@ def main() -> None:
                 running: OperatorProcess | None = None
                 if kind == "noop":
                     running = start_noop(plane, workdir, pin=args.pin)
+                elif kind in ("patch", "label"):
+                    patch = fiar_patch(body, spec, label_only=kind == "label")
+                    running = start_noop(plane, workdir, pin=args.pin, patch=patch)
                 elif kind != "without":
                     running = start_operator(plane, source, workdir, narrow=variant == "after", pin=args.pin)
                     time.sleep(3)
                 try:
-                    if kind in ("fiar", "fiar2s", "frozen", "noop"):
+                    if kind in ("fiar", "fiar2s", "frozen", *NOOPS):
                         assert running is not None
                         register(client, plane, running.port, 2 if kind == "fiar2s" else webhookconfig.TIMEOUT_SECONDS)
                         if variant == "after":
@@ -225,6 +280,7 @@ def main() -> None:
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
                         used = cpu_seconds(running.process.pid) if running is not None else 0.0
+                        spent_before = process_cpu(plane, running)
                         server_text = apiserver_metrics(api)
                         seen = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
                         seen_total = total(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
@@ -233,7 +289,13 @@ def main() -> None:
                             buckets(own_text, HANDLER, webhook="pods"),
                             total(own_text, HANDLER, webhook="pods"),
                         )
-                        times, elapsed, bare = batch(client, managed, args.pods, args.creators, counter)
+                        times, elapsed, bare = batch(client, managed, args.pods, args.creators, counter, args.rate)
+                        if managed and kind != "frozen":
+                            after = process_cpu(plane, running)
+                            for name, seconds in after.items():
+                                shares.setdefault((configuration, name), []).append(
+                                    (seconds - spent_before[name]) * 1000 / args.pods
+                                )
                         key = (configuration, label)
                         unlabelled[key] = unlabelled.get(key, 0) + (bare if managed else 0)
                         if kind.startswith("fiar") and managed:
@@ -264,7 +326,7 @@ def main() -> None:
                 finally:
                     if running is not None:
                         running.stop()
-                    if kind in ("fiar", "fiar2s", "frozen", "noop"):
+                    if kind in ("fiar", "fiar2s", "frozen", *NOOPS):
                         client.delete(kube.MUTATING_CONFIGS, CONFIG)
                         time.sleep(2)
         base = {label: p(results[("without", label)], 99) for label in ("unmanaged", "managed")}
@@ -294,6 +356,8 @@ def main() -> None:
             )
         for (configuration, name), values in sorted(means.items()):
             print(json.dumps({"managed_batches": configuration, name: [round(v, 2) for v in values]}))
+        for (configuration, name), values in sorted(shares.items()):
+            print(json.dumps({"cpu_ms_per_managed_pod": configuration, name: [round(v, 2) for v in values]}))
         for variant, values in cpu.items():
             print(json.dumps({"operator_cpu_ms_per_pod_event": variant, "mean": round(statistics.mean(values), 3)}))
     finally:

@@ -101,7 +101,9 @@ class OperatorProcess:
 class NoopWebhookProcess(OperatorProcess):
     """``bench/noop_webhook.py`` on a loopback port: a webhook that allows everything, for comparison."""
 
-    def __init__(self, workdir: Path, tls: tuple[Path, Path], *, pin_core: int | None = None) -> None:
+    def __init__(
+        self, workdir: Path, tls: tuple[Path, Path], *, pin_core: int | None = None, patch: str | None = None
+    ) -> None:
         self.port, self.metrics_port = free_port(), 0
         script = Path(__file__).with_name("noop_webhook.py")
         argv = [
@@ -111,6 +113,7 @@ class NoopWebhookProcess(OperatorProcess):
             f"--port={self.port}",
             f"--cert={tls[0]}",
             f"--key={tls[1]}",
+            *([f"--patch={patch}"] if patch is not None else []),
         ]
         self.log = workdir / f"noop-{time.monotonic_ns()}.log"
         with self.log.open("wb") as out:

@@ -210,7 +210,7 @@ def plan_pod_create(
     warnings: list[str] = []
     ops: list[patches.Op] = []
     selected = 0
-    work = copy.deepcopy(dict(pod))
+    work: Mapping[str, Any] = pod
     for index, container in enumerate(spec.get("containers") or []):
         if not isinstance(container, Mapping):
             continue
@@ -220,11 +220,11 @@ def plan_pod_create(
         if container_ops is None:
             continue
         selected += 1
-        patches.apply(work, container_ops)
+        work = patches.applied(work, container_ops)
         if policy.mode == "Enforce":
             fusion_ops = _fusion_ops(policy, index, work["spec"]["containers"][index], warnings)
-            patches.apply(work, fusion_ops)
-            container_ops += fusion_ops
+            work = patches.applied(work, fusion_ops)
+            container_ops = patches.superseded(container_ops, fusion_ops) + fusion_ops
         ops += container_ops
     if not selected:
         warnings.append(f"policy {policy.name} matches this pod but selects none of its containers")
@@ -240,7 +240,7 @@ def plan_pod_create(
     rest = _placement_ops(policy, pod, group.multi, warnings)
     rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
     ops += rest
-    after = patches.apply(work, rest)  # ``work`` already holds the containers' ops
+    after = patches.applied(work, rest)  # ``work`` already holds the containers' ops
 
     node = spec.get("nodeName")
     if node:
@@ -252,5 +252,5 @@ def plan_pod_create(
     else:
         decision = decide.pending(policy)
     meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), decision.annotations())
-    patches.apply(after, meta_ops)
+    after = patches.applied(after, meta_ops)
     return PodPlan(policy, ops + meta_ops, warnings, decision, after)

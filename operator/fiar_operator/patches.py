@@ -38,27 +38,75 @@ def encode(ops: Sequence[Op]) -> str:
     return base64.b64encode(json.dumps(list(ops), separators=(",", ":")).encode()).decode()
 
 
+def _parts(op: Op) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+
+
+def _change(parent: Any, last: str, op: Op) -> None:
+    """One add / replace / remove at member or index ``last`` of ``parent``."""
+    if isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last)
+        if op["op"] == "add":
+            parent.insert(index, op["value"])
+        elif op["op"] == "replace":
+            parent[index] = op["value"]
+        elif op["op"] == "remove":
+            del parent[index]
+    elif op["op"] in ("add", "replace"):
+        parent[last] = op["value"]
+    elif op["op"] == "remove":
+        del parent[last]
+
+
 def apply(doc: Any, ops: Sequence[Op]) -> Any:
     """Apply add / replace / remove ops in place (the subset the webhooks emit); returns ``doc``.
 
-    Used to check the webhooks' own patches in tests and to see a pod as it will be stored.
+    Used to check the webhooks' own patches in tests.
     """
     for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parts = _parts(op)
         parent = doc
         for part in parts[:-1]:
             parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        if isinstance(parent, list):
-            index = len(parent) if last == "-" else int(last)
-            if op["op"] == "add":
-                parent.insert(index, op["value"])
-            elif op["op"] == "replace":
-                parent[index] = op["value"]
-            elif op["op"] == "remove":
-                del parent[index]
-        elif op["op"] in ("add", "replace"):
-            parent[last] = op["value"]
-        elif op["op"] == "remove":
-            del parent[last]
+        _change(parent, parts[-1], op)
     return doc
+
+
+def applied(doc: Mapping[str, Any], ops: Sequence[Op]) -> dict[str, Any]:
+    """``doc`` with ``ops`` applied, ``doc`` itself unchanged: the maps and lists on the ops' paths
+    are copied (once each), everything else is shared with ``doc`` (and with the ops' values).
+
+    How the pod webhook sees a pod as it will be stored: a deep copy of the pod took half of a
+    review's time (about 100 of 220 µs for a typical vLLM pod)."""
+    fresh: set[int] = set()
+
+    def own(node: Any) -> Any:
+        if id(node) in fresh:
+            return node
+        copied = list(node) if isinstance(node, list) else dict(node)
+        fresh.add(id(copied))
+        return copied
+
+    root: dict[str, Any] = own(doc)
+    for op in ops:
+        parts = _parts(op)
+        parent: Any = root
+        for part in parts[:-1]:
+            key: Any = int(part) if isinstance(parent, list) else part
+            child = own(parent[key])
+            parent[key] = child
+            parent = child
+        _change(parent, parts[-1], op)
+    return root
+
+
+def superseded(earlier: Sequence[Op], later: Sequence[Op]) -> list[Op]:
+    """``earlier`` without the ops that ``later`` makes moot: an add or replace of an object member
+    at path P sets P whole, so an earlier op at P or under it changes nothing that is stored. (A
+    last token that is not a number or ``-`` can only name an object member.)"""
+    whole = [
+        op["path"]
+        for op in later
+        if op["op"] in ("add", "replace") and not (last := op["path"].rpartition("/")[2]).isdigit() and last != "-"
+    ]
+    return [op for op in earlier if not any(op["path"] == p or op["path"].startswith(p + "/") for p in whole)]

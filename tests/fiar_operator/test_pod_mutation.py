@@ -43,10 +43,45 @@ def pod(
 
 
 def mutated(source: dict[str, Any], chosen: Policy, nodes: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    sent = copy.deepcopy(source)
     plan = plan_pod_create(source, chosen, nodes or {})
+    assert source == sent, "planning changed the pod under review"
     result: dict[str, Any] = patches.apply(copy.deepcopy(source), plan.ops)
     assert result == plan.pod
+    assert_no_op_is_overwritten(plan.ops)
     return result
+
+
+def assert_no_op_is_overwritten(ops: list[patches.Op]) -> None:
+    """No op changes a path that a later op sets whole (the API server would apply both)."""
+    for i, op in enumerate(ops):
+        for later in ops[i + 1 :]:
+            last = later["path"].rpartition("/")[2]
+            if later["op"] in ("add", "replace") and not last.isdigit() and last != "-":
+                assert not (op["path"] + "/").startswith(later["path"] + "/"), (op, later)
+
+
+def test_each_selected_containers_env_is_set_in_one_op() -> None:
+    """The fusion variables rewrite the env the backend variable was added to: one op, not two."""
+    plan = plan_pod_create(pod({"name": "vllm", "command": ["vllm", "serve", "m"]}), policy(), {})
+    env_ops = [op for op in plan.ops if op["path"].startswith("/spec/containers/0/env")]
+    assert [op["path"] for op in env_ops] == ["/spec/containers/0/env"]
+    assert contract.ENV_VAR in {e["name"] for e in env_ops[0]["value"]}
+
+
+def test_applied_copies_only_the_paths_it_changes() -> None:
+    source = pod({"name": "a", "env": [{"name": "X", "value": "1"}]}, {"name": "b"}, labels={"app": "vllm"})
+    sent = copy.deepcopy(source)
+    ops: list[patches.Op] = [
+        {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "Y", "value": "2"}},
+        {"op": "remove", "path": "/spec/containers/0/env/0"},
+        {"op": "add", "path": "/metadata/labels/fiar.io~1policy", "value": "vllm"},
+    ]
+    out = patches.applied(source, ops)
+    assert source == sent
+    assert out == patches.apply(copy.deepcopy(source), ops)
+    assert out["spec"]["containers"][1] is source["spec"]["containers"][1], "an untouched container is shared"
+    assert out["metadata"]["labels"] is not source["metadata"]["labels"]
 
 
 def env_of(obj: dict[str, Any], index: int = 0) -> list[dict[str, Any]]:

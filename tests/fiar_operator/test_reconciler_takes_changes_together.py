@@ -125,3 +125,31 @@ def test_the_reconciler_goes_on_while_its_events_are_posted() -> None:
     while len(client.posted) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert client.posted == ["NodeVerdictChanged"] * 4
+
+
+def test_a_policy_whose_status_alone_changed_concerns_none_of_its_pods() -> None:
+    """The operator rewrites a policy's status every half second while its pods change, and each write
+    comes back as a MODIFIED policy: reviewing all the policy's pods for it made every write cost work
+    in proportion to them. Only a change the parsed policy shows (its spec: a new generation) does."""
+    pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
+    client = SlowKube(pods)
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    for pod in pods.values():
+        runtime.store.put_pod(pod)
+    policy = copy.deepcopy(POLICY)
+    policy["metadata"].update(generation=1, resourceVersion="1")
+    runtime.on_policy(policy)
+    assert client.annotated == [], "gpu-1 has no verdict yet: the fallback stays"
+    runtime.store.put_node(VERIFIED)  # its change is still on its way to the reconciler
+
+    status_only = copy.deepcopy(policy)
+    status_only["metadata"]["resourceVersion"] = "2"
+    status_only["status"] = {"pods": {"managed": 4}}
+    runtime.on_policy(status_only)
+    assert client.annotated == [], "a status write reviewed the policy's pods"
+
+    new_spec = copy.deepcopy(status_only)
+    new_spec["metadata"].update(generation=2, resourceVersion="3")
+    runtime.on_policy(new_spec)
+    assert sorted(client.annotated) == sorted(name for _, name in pods), "a new generation reviews every pod"
