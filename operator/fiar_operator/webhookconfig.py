@@ -195,12 +195,15 @@ LABELLED: Final = f"({HAS_LABELS} && {_lit(contract.LABEL_POD_POLICY)} in {LABEL
 
 
 def pod_condition(policies: Iterable[Policy]) -> str:
-    """The pod webhook's condition: a policy can select the pod, or a container reads fiar's
-    annotations, or the pod already carries fiar's policy label."""
-    clauses = [READS_FIAR, LABELLED]
-    for policy in sorted(policies, key=lambda p: p.name):
-        clauses.append(f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))")
-    return " || ".join(clauses)
+    """The pod webhook's condition: a policy can select the pod, or the pod already carries fiar's
+    policy label, or a container reads fiar's annotations. In that order: CEL stops at the first
+    true clause, so a pod a policy selects (the pods the webhook is for) skips the walk over every
+    container's env."""
+    clauses = [
+        f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))"
+        for policy in sorted(policies, key=lambda p: p.name)
+    ]
+    return " || ".join([*clauses, LABELLED, READS_FIAR])
 
 
 def binding_condition(policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> str:
