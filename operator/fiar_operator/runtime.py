@@ -230,9 +230,9 @@ class Runtime:
         self.status.unconfigured = self.unconfigured.pods
         self._stop = threading.Event()
         self._warned: set[tuple[str, str]] = set()
+        """(uid, reason) of the one-off Warning events already asked for."""
         self._policies_seen: dict[str, Policy | str] = {}
         """Each policy as the reconciler last acted on it (parsed, or why it is invalid)."""
-        """(uid, reason) of the one-off Warning events already asked for."""
         self._node_labels: dict[str, dict[str, str]] = {}
         """fiar.io labels of each node (those that have any) as last reconciled: the store's copy
         is already updated when the reconciler learns of the change."""
@@ -241,6 +241,7 @@ class Runtime:
         self._leading = settings.standalone
         self._resync = True
         self._settled = False
+        self._settling = threading.Lock()
         self.leadership = Leadership(self.kube, settings.peering, identity, settings.priority, self._lead, self._stop)
         self._worker = threading.Thread(target=self._work, name="reconciler", daemon=True)
         self._patchers = ThreadPoolExecutor(PATCHERS, thread_name_prefix="reannotate")
@@ -268,9 +269,11 @@ class Runtime:
 
     def notify(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """From an informer thread, after the index applied the change."""
-        if event_type == informers.LISTED and not self._settled and all(self.store.synced.get(k) for k in READY_KINDS):
-            self._settled = True
-            settle_indexes()
+        if event_type == informers.LISTED and all(self.store.synced.get(k) for k in READY_KINDS):
+            with self._settling:  # informers finish their lists on threads of their own
+                if not self._settled:
+                    self._settled = True
+                    settle_indexes()
         if not self._leading:
             return
         if event_type == informers.LISTED:
@@ -327,15 +330,17 @@ class Runtime:
     def resync(self) -> list[Event]:
         """Reconcile everything from the indexes: at the start, on gaining leadership, after a re-list.
         Each managed pod is reviewed once (late decisions and drift); unconfigured pods are swept."""
+        # The policies as this pass finds them, before anything reads them: a spec stored while the
+        # pass runs then differs from what is recorded here, and its own change is acted on.
+        self._policies_seen = {
+            name: seen for name in list(self.store.policy_objects) if (seen := self._policy_as_parsed(name)) is not None
+        }
         self._node_labels = {n: ours for n, labels in list(self.store.nodes.items()) if (ours := fiar_labels(labels))}
         self.status.mark()
         self.webhooks.forget()
         self._sync_webhooks()
         self.unconfigured.forget_sweep()
         events = self.unconfigured.sweep()
-        self._policies_seen = {
-            name: seen for name in list(self.store.policy_objects) if (seen := self._policy_as_parsed(name)) is not None
-        }
         for name in sorted(self.store.policies):
             events += self._reannotate_all(self.store.pods_of_policy(name))
         return events
@@ -380,6 +385,7 @@ class Runtime:
 
     def _patch(self, action: reconcile.Reannotation) -> PodRecord | None:
         """The PATCH of one re-annotation; the pod as stored after it, None when it failed."""
+        self.heartbeats.beat(liveness.RECONCILER)  # 100s of PATCHes take a while: each is progress
         record = action.pod
         try:
             patched = self.kube.annotate_pod(record.namespace, record.name, record.uid, action.decision.annotations())

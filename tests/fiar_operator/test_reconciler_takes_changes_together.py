@@ -15,6 +15,7 @@ import fiar_contract as contract
 from fiar_operator import kube
 from fiar_operator.changes import change_of
 from fiar_operator.decide import decide
+from fiar_operator.liveness import Heartbeats
 from fiar_operator.policy import parse_policy
 from fiar_operator.runtime import BATCH, Runtime
 from fiar_operator.settings import Settings
@@ -153,3 +154,44 @@ def test_a_policy_whose_status_alone_changed_concerns_none_of_its_pods() -> None
     new_spec["metadata"].update(generation=2, resourceVersion="3")
     runtime.on_policy(new_spec)
     assert sorted(client.annotated) == sorted(name for _, name in pods), "a new generation reviews every pod"
+
+
+class TimedKube(SlowKube):
+    """SlowKube that notes when each PATCH ended."""
+
+    def __init__(self, pods: dict[tuple[str, str], dict[str, Any]]) -> None:
+        super().__init__(pods)
+        self.ended: list[float] = []
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+        patched = super().annotate_pod(namespace, name, uid, annotations)
+        self.ended.append(time.monotonic())
+        return patched
+
+
+class RecordedBeats(Heartbeats):
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def beat(self, name: str) -> None:
+        self.times.append(time.monotonic())
+        super().beat(name)
+
+
+def test_the_reconciler_beats_while_its_patches_go_out() -> None:
+    """The reviews come first, in memory; the PATCHes after them can take minutes at fleet scale
+    (20,000 pods, 8 at a time), which the liveness probe must not take for a hung reconciler."""
+    pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(16)}
+    client = TimedKube(pods)
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime.heartbeats = beats = RecordedBeats()
+    runtime.store.put_policy(POLICY)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    runtime.store.put_node(VERIFIED)
+    for pod in pods.values():
+        runtime.store.put_pod(pod)
+    runtime.apply_all([change_of("nodes", "MODIFIED", VERIFIED)])
+    assert len(client.annotated) == 16
+    first_done = min(client.ended)
+    assert sum(t > first_done for t in beats.times) >= 8, "no beat once the first PATCH was answered"
