@@ -279,7 +279,6 @@ def main() -> None:
                         running.freeze()
                     for managed in (False, True):
                         label = "managed" if managed else "unmanaged"
-                        used = cpu_seconds(running.process.pid) if running is not None else 0.0
                         spent_before = process_cpu(plane, running)
                         server_text = apiserver_metrics(api)
                         seen = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
@@ -300,7 +299,6 @@ def main() -> None:
                         unlabelled[key] = unlabelled.get(key, 0) + (bare if managed else 0)
                         if kind.startswith("fiar") and managed:
                             assert running is not None
-                            spent_ms = (cpu_seconds(running.process.pid) - used) * 1000 / args.pods
                             own_text, server_text = running.metrics(), apiserver_metrics(api)
                             own = quantile_bound(buckets(own_text, HANDLER, webhook="pods"), mine, 0.99)
                             now = buckets(server_text, WEBHOOK_SECONDS, name=webhookconfig.POD_HOOK)
@@ -315,13 +313,14 @@ def main() -> None:
                                 ),
                             ):
                                 means.setdefault((configuration, name), []).append(1000 * (s1 - s0) / max(n1 - n0, 1))
-                            means.setdefault((configuration, "operator_cpu_ms_per_managed_pod"), []).append(spent_ms)
+                            webhook_cpu = shares[(configuration, "webhook")][-1]
+                            means.setdefault((configuration, "operator_cpu_ms_per_managed_pod"), []).append(webhook_cpu)
                         counter += args.pods
                         results.setdefault((configuration, label), []).extend(times)
                         rates.setdefault((configuration, label), []).append(args.pods / elapsed)
                         if kind == "operator" and running is not None:
                             time.sleep(1)  # the DELETED events reach the operator
-                            spent = cpu_seconds(running.process.pid) - used
+                            spent = cpu_seconds(running.process.pid) - spent_before["webhook"]
                             cpu.setdefault(variant, []).append(spent * 1000 / (2 * args.pods))
                 finally:
                     if running is not None:

@@ -74,15 +74,25 @@ def fallen_back_pod(i: int) -> dict[str, Any]:
     }
 
 
+def indexed(client: SlowKube, policy: bool = True, verified: bool = True) -> Runtime:
+    """A standalone Runtime whose indexes hold namespace ml and every pod of ``client``, with POLICY
+    and gpu-1's verdict unless told otherwise."""
+    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    if policy:
+        runtime.store.put_policy(POLICY)
+    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
+    if verified:
+        runtime.store.put_node(VERIFIED)
+    for pod in client.pods.values():
+        runtime.store.put_pod(pod)
+    return runtime
+
+
 def test_pods_waiting_behind_their_nodes_restored_verdict_are_patched_together_once_each() -> None:
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(16)}
     client = SlowKube(pods)
-    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
-    runtime.store.put_policy(POLICY)
-    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
-    runtime.store.put_node(VERIFIED)
+    runtime = indexed(client)
     for pod in pods.values():  # the MODIFIED events of the PATCHes that took the verdict away
-        runtime.store.put_pod(pod)
         runtime.changes.put(change_of("pods", "MODIFIED", pod))
     runtime.changes.put(change_of("nodes", "MODIFIED", VERIFIED))  # the verdict comes back
 
@@ -107,11 +117,7 @@ def test_take_all_returns_every_pending_change_oldest_first_up_to_the_limit() ->
 def test_the_reconciler_goes_on_while_its_events_are_posted() -> None:
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
     client = SlowKube(pods)
-    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
-    runtime.store.put_policy(POLICY)
-    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
-    for pod in pods.values():
-        runtime.store.put_pod(pod)
+    runtime = indexed(client, verified=False)
     events = runtime.on_node(VERIFIED)
     assert len(events) == 4
     handed = threading.Thread(target=runtime.post, args=(events,))
@@ -134,10 +140,7 @@ def test_a_policy_whose_status_alone_changed_concerns_none_of_its_pods() -> None
     in proportion to them. Only a change the parsed policy shows (its spec: a new generation) does."""
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
     client = SlowKube(pods)
-    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
-    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
-    for pod in pods.values():
-        runtime.store.put_pod(pod)
+    runtime = indexed(client, policy=False, verified=False)
     policy = copy.deepcopy(POLICY)
     policy["metadata"].update(generation=1, resourceVersion="1")
     runtime.on_policy(policy)
@@ -184,13 +187,8 @@ def test_the_reconciler_beats_while_its_patches_go_out() -> None:
     (20,000 pods, 8 at a time), which the liveness probe must not take for a hung reconciler."""
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(16)}
     client = TimedKube(pods)
-    runtime = Runtime(Settings(metrics_port=None, standalone=True), client)
+    runtime = indexed(client)
     runtime.heartbeats = beats = RecordedBeats()
-    runtime.store.put_policy(POLICY)
-    runtime.store.put_namespace({"metadata": {"name": "ml", "labels": {}}})
-    runtime.store.put_node(VERIFIED)
-    for pod in pods.values():
-        runtime.store.put_pod(pod)
     runtime.apply_all([change_of("nodes", "MODIFIED", VERIFIED)])
     assert len(client.annotated) == 16
     first_done = min(client.ended)
