@@ -76,8 +76,7 @@ def applied(doc: Mapping[str, Any], ops: Sequence[Op]) -> dict[str, Any]:
     """``doc`` with ``ops`` applied, ``doc`` itself unchanged: the maps and lists on the ops' paths
     are copied (once each), everything else is shared with ``doc`` (and with the ops' values).
 
-    How the pod webhook sees a pod as it will be stored: a deep copy of the pod took half of a
-    review's time (about 100 of 220 µs for a typical vLLM pod)."""
+    How the pod webhook sees a pod as it will be stored, without a deep copy of the whole pod."""
     fresh: set[int] = set()
 
     def own(node: Any) -> Any:
