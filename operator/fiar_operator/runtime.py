@@ -75,13 +75,12 @@ def settle_indexes() -> None:
     """Once every index is first listed: collect what the start left behind, then keep every object
     alive now out of the cyclic garbage collector's full passes (``gc.freeze``).
 
-    A full pass walks every object the process holds and answers no review meanwhile: with the
-    indexes of 10,000 nodes and 20,000 pods (about 110,000 objects) one takes about 50 ms here, and
-    they came again and again while pods were created (pod CREATEs stalled for up to 82 ms at 200
-    pods/s with 2,000 pods indexed, BENCHMARKS.md). The listed objects live until they are
-    replaced and hold no cycles, so reference counting still frees them; the passes walk only what
-    came since. Done once: an object frozen that later becomes cyclic garbage is never freed, so
-    freezing again and again would leak."""
+    A full pass walks every object the process holds and answers no review meanwhile: 25-51 ms here
+    at 80,000-90,000 objects, with only 2,000 pods indexed, and they came again and again while pods
+    were created (pod CREATEs stalled for up to 82 ms at 200 pods/s, BENCHMARKS.md). The listed
+    objects live until they are replaced and hold no cycles, so reference counting still frees them;
+    the passes walk only what came since. Done once: an object frozen that later becomes cyclic
+    garbage is never freed, so freezing again and again would leak."""
     gc.collect()
     gc.freeze()
 

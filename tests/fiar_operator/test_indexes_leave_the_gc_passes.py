@@ -1,6 +1,6 @@
 """Once every index is first listed, the objects they hold leave the cyclic garbage collector's full
 passes (``gc.freeze``): a pass walks every object the process holds and answers no review meanwhile,
-about 50 ms with the indexes of 10,000 nodes and 20,000 pods. Done once only: an object frozen that
+25-51 ms at 80,000-90,000 objects (BENCHMARKS.md). Done once only: an object frozen that
 later becomes cyclic garbage is never freed."""
 
 from __future__ import annotations
