@@ -110,7 +110,47 @@ def main() -> None:
     w("### Resident daemon (`fiar-agent run`, after its first probe)\n")
     w(f"- 2x H200: {rss('h200x2')}")
     w(f"- 1x H200: {rss('h200x1')}")
+    w("")
+    out.extend(flashinfer_versions("agent/2026-12-02-h200x1"))
     sys.stdout.write("\n".join(out) + "\n")
+
+
+def flashinfer_versions(folder: str) -> list[str]:
+    """One row per ``<folder>/flashinfer-<version>/`` run of bench/agent_gpu_verify.sh on one host."""
+    rows = [
+        "| FlashInfer | `import flashinfer.comm` (s) | `prebuild`: `trtllm_comm`, cold (s) | cold probe (s) "
+        "| warm probe (s) | status, labels | resident VmRSS, VmHWM (MiB) | libraries mapped | exit after SIGTERM |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in sorted((RESULTS / folder).glob("flashinfer-*")):
+        host = f"{folder}/{run.name}"
+        env, log = (run / "env.txt").read_text(), (run / "run.log").read_text()
+        version = re.search(r"^flashinfer (\S+)$", env, re.M)
+        imported = re.search(r"^import flashinfer.comm: ([\d.]+)s$", env, re.M)
+        built = load(host, "prebuild.json")
+        if built:
+            module = built["modules"]["trtllm"]
+            prebuild = f"{module['seconds']:.1f} ({module['source']})"
+        else:
+            limit = re.search(r"3\. prebuild .*timeout (\d+)s\)", log)
+            code = re.search(r"prebuild rc=(\d+)", log)
+            prebuild = (
+                f"not done within the script's {limit.group(1) if limit else '?'} s "
+                f"(rc {code.group(1) if code else '?'})"
+            )
+        cold, warm = load(host, "probe-cold.json"), load(host, "probe-warm.json")
+        assert cold and warm and version
+        text = (run / "rss.txt").read_text().split("after its first probe", 1)[-1]
+        vm = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", text, re.M))
+        mapped = re.search(r"libraries mapped in the resident process: (\d+)", text)
+        code = re.search(r"exit code after SIGTERM: (\d+)", text)
+        rows.append(
+            f"| {version.group(1)} | {imported.group(1) if imported else '?'} | {prebuild} | "
+            f"{cold['duration_s']:.2f} | {warm['duration_s']:.2f} | {warm['status']}, {labels(warm)} | "
+            f"{int(vm['VmRSS']) / 1024:.1f}, {int(vm['VmHWM']) / 1024:.1f} | "
+            f"{mapped.group(1) if mapped else '?'} | {code.group(1) if code else '?'} |"
+        )
+    return rows
 
 
 if __name__ == "__main__":
