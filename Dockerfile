@@ -68,6 +68,10 @@ WORKDIR /src
 COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
+# FlashInfer comes pinned by pyproject's `gpu` extra: the version the agent has run on a GPU
+# (BENCHMARKS.md, Node agent) and the one vLLM 0.33.0 pins, so the agent verifies the kernels the
+# fleet's pods load. A fleet on another vLLM release changes that pin to its release's
+# flashinfer-python and runs bench/agent_gpu_verify.sh on a GPU before shipping the image.
 RUN python3 -m venv /opt/fiar \
  && /opt/fiar/bin/pip install --no-compile --extra-index-url "${TORCH_INDEX}" ".[gpu]"
 # Compile the trtllm and mnnvl comm modules now, for Hopper and Blackwell, so that a node never
