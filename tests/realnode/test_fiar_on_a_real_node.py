@@ -459,13 +459,13 @@ def _eval_form(rel: Release, name: str, **container: Any) -> dict[str, Any]:
     """A stand-in started as KServe's LLMInferenceService starts vLLM: bash evaluates a script that
     expands VLLM_ADDITIONAL_ARGS and the args."""
     body = _standin_pod(name)
-    body["spec"]["containers"][0].update(
-        image=rel.node.images["vllm-standin"].ref,
-        command=["/bin/bash", "-c", EVAL_SCRIPT, "--"],
-        args=["--max-model-len=4096"],
-        env=[{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
+    body["spec"]["containers"][0].update({
+        "image": rel.node.images["vllm-standin"].ref,
+        "command": ["/bin/bash", "-c", EVAL_SCRIPT, "--"],
+        "args": ["--max-model-len=4096"],
+        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
         **container,
-    )
+    })
     body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": rel.node.name}
     return body
 
@@ -480,7 +480,7 @@ def test_a_value_that_reaches_a_shell_is_one_argument_and_only_fiars_values_are_
                                        "--enable-prefix-caching", printed["argv"][6], "--max-model-len=4096"]
         assert printed["argv"][6].startswith(FUSION_FLAG), printed["argv"]
         pod = core.read_namespaced_pod("eval-form", release.workloads)
-        env = [e.to_dict() for e in pod.spec.containers[0].env]
+        env = api.sanitize_for_serialization(pod.spec.containers[0].env)  # as the API spells it
 
         # The operator's token cannot write text into the annotation the script reads.
         token = release.plane.service_account_token(NAMESPACE, f"{RELEASE}-operator")
@@ -488,10 +488,9 @@ def test_a_value_that_reaches_a_shell_is_one_argument_and_only_fiars_values_are_
                                                     "operator", token=token)
         from kubernetes import config
 
-        with config.new_client_from_config(str(kubeconfig)) as operator_api:
-            with pytest.raises(ApiException) as denied:
-                client.CoreV1Api(operator_api).patch_namespaced_pod("eval-form", release.workloads, {
-                    "metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}}})
+        with config.new_client_from_config(str(kubeconfig)) as operator_api, pytest.raises(ApiException) as denied:
+            client.CoreV1Api(operator_api).patch_namespaced_pod("eval-form", release.workloads, {
+                "metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}}})
         assert denied.value.status == 422 and contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in denied.value.body
 
         # Only the cluster admin may write it; where fiar does not look, with fiar's variables copied,
