@@ -96,6 +96,23 @@ TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipp
 FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
 ALLREDUCE_USE_FLASHINFER: Final[dict[Fusion, str]] = {"on": "1", "off": "0"}
 
+POD_ANNOTATION_VALUES: Final[dict[str, frozenset[str]]] = {
+    ANNOTATION_POD_BACKEND: frozenset(ENV_VALUES),
+    ANNOTATION_POD_FUSE_ALLREDUCE_RMS: frozenset(FUSE_ALLREDUCE_RMS.values()),
+    ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: frozenset(ALLREDUCE_USE_FLASHINFER.values()),
+}
+"""Every ``fiar.io/`` pod annotation a container reads (through a fieldRef env var, and from there
+into its command line or a shell), with the only values it may hold. The chart's admission policy
+``pod-annotation-values`` refuses any other value from every writer but the cluster admin; the
+operator reads a value outside it as absent. A new annotation a container reads is one row here."""
+
+
+def pod_annotation_value(key: str, raw: object) -> str | None:
+    """``raw`` (pod annotation ``key``) when it is one of the values a container may read, else None."""
+    allowed = POD_ANNOTATION_VALUES.get(key)
+    return raw if allowed is not None and isinstance(raw, str) and raw in allowed else None
+
+
 # Host-policy variables: any of these set to its value means "multicast is disabled by the host".
 HOST_POLICY_ENV: Final = {
     "NCCL_NVLS_ENABLE": "0",

@@ -24,13 +24,12 @@ from fiar_operator.errors import ReviewError
 from fiar_operator.metrics import Metrics
 from fiar_operator.names import is_namespace_name, is_object, is_pod_name
 from fiar_operator.pods import PodRecord, group_plan, pod_record
-from fiar_operator.policy import covers_namespace, select_policy
+from fiar_operator.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
 from fiar_operator.store import Store
 
 log = logging.getLogger(__name__)
 
 REVIEW_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
-NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 MAX_WARNINGS: Final = 8
 MAX_WARNING_LENGTH: Final = 120
 """Kubernetes asks admission warnings to stay under 120 characters."""
@@ -243,7 +242,11 @@ class Admission:
         if record is None and can_read:
             return Need("pod", namespace, name)
         self.metrics.lookup(source)
-        policy = self.store.policies.get(record.policy) if record is not None and record.policy else None
+        # A memo entry's policy is the one this webhook chose at CREATE; a pod read or indexed carries the
+        # label its writer gave it, which counts only where that policy selects the pod.
+        policy = None
+        if record is not None and record.policy:
+            policy = self.store.policies.get(record.policy) if source == "memo" else self.store.policy_of(record)
         if record is None or policy is None:
             self.metrics.admission("binding", "unmanaged")
             return respond(review)

@@ -26,10 +26,14 @@ Command forms understood (``form``):
 - ``image-entrypoint``: args only, on an image named ``*/vllm-openai`` (whose entrypoint is vLLM's
   server);
 - ``additional-args``: a shell script that runs ``vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@`` (KServe
-  LLMInferenceService): ``VLLM_ADDITIONAL_ARGS`` gets ``$(FIAR_VLLM_ARGS)``, or the JSON in the args
-  that become ``$@`` is merged;
+  LLMInferenceService): ``VLLM_ADDITIONAL_ARGS`` gets ``$(FIAR_VLLM_ARGS)``, or ``"${FIAR_VLLM_ARGS}"``
+  where the script runs ``eval "exec vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@"`` (eval parses the
+  variable's text as shell: only a quoted reference keeps the value one argument), or the JSON in
+  the args that become ``$@`` is merged;
 - ``placeholder``: a command that already holds ``$(FIAR_VLLM_ARGS)`` or ``$(FIAR_FUSE_ALLREDUCE_RMS)``
-  (a shell string the user wrote, or a container fiar already changed): nothing to change.
+  (a container fiar already changed), or a shell string that expands ``"${FIAR_VLLM_ARGS}"`` itself
+  (the safe form for a shell string: the shell quotes the value, the kubelet does not touch it):
+  nothing to change.
 
 Anything else (another shell string, ``--config FILE`` whose YAML may hold a compilation config, a
 JSON that is not an object, an abbreviated flag) is *not understood*: the command is left exactly
@@ -53,6 +57,13 @@ Form = Literal["vllm-serve", "api-server", "image-entrypoint", "additional-args"
 FUSE_KEY: Final = "fuse_allreduce_rms"
 REF_FUSE: Final = f"$({contract.ENV_FUSE_ALLREDUCE_RMS})"
 REF_ARGS: Final = f"$({contract.ENV_VLLM_ARGS})"
+SHELL_REF_ARGS: Final = f'"${{{contract.ENV_VLLM_ARGS}}}"'
+"""The placeholder for a shell string: the shell expands the variable inside double quotes, so its
+value is one argument and is never parsed as shell text (the kubelet's ``$(FIAR_VLLM_ARGS)`` is
+textual: the shell would parse whatever the value holds)."""
+_SHELL_REFERENCE = re.compile(r"\$\{?" + contract.ENV_VLLM_ARGS + r"\b")
+_EVAL_SERVE = re.compile(r"\beval\b[^\n;&|]*\bvllm serve\b")
+_EVAL = re.compile(r"\beval\b")
 DOTTED_FLAG: Final = f"-cc.pass_config.{FUSE_KEY}={REF_FUSE}"
 """The one flag fiar adds; also the value of FIAR_VLLM_ARGS."""
 ADDITIONAL_ARGS: Final = "VLLM_ADDITIONAL_ARGS"
@@ -196,8 +207,13 @@ def _merge(raw: str, respect: bool) -> tuple[str | None, bool, str]:
         return None, False, f"its {CC_LONG} has a pass_config that is not an object"
     if FUSE_KEY in pass_config and respect:
         return None, True, ""
-    if json.dumps(_SENTINEL) in json.dumps(doc):
+    plain = json.dumps(doc, ensure_ascii=False)
+    if json.dumps(_SENTINEL) in plain:
         return None, False, f"its {CC_LONG} holds fiar's marker text"
+    if "$(" in plain:
+        # Written out again, an escaped ``\u0024(VAR)`` would become ``$(VAR)``, which the kubelet
+        # expands (a Secret's value in argv and in vLLM's logged arguments).
+        return None, False, f"its {CC_LONG} holds '$(' once decoded, which the kubelet would expand"
     rest = {k: v for k, v in pass_config.items() if k != FUSE_KEY}
     merged = {**doc, "pass_config": {**rest, FUSE_KEY: _SENTINEL}}
     text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
@@ -242,7 +258,7 @@ def plan_command(container: Mapping[str, Any], respect_explicit: bool = True) ->
         return CommandPlan(None, f"command and args must be lists of at most {MAX_TOKENS} strings")
     env = container.get("env")
     extra_present, extra = _env_value(env, ADDITIONAL_ARGS)
-    if _has_reference(command + args) or (extra is not None and REF_ARGS in extra):
+    if _has_reference(command + args) or (extra is not None and (REF_ARGS in extra or SHELL_REF_ARGS in extra)):
         return CommandPlan("placeholder")
     argv = command + args
     if not any("vllm" in text.lower() for text in [str(container.get("image") or ""), *argv]):
@@ -258,9 +274,11 @@ def plan_command(container: Mapping[str, Any], respect_explicit: bool = True) ->
         return _exec("api-server", command, args, 3, respect_explicit)
     if program in _SHELLS and argv[1:2] == ["-c"] and len(argv) > 2:
         script = argv[2]
+        if _SHELL_REFERENCE.search(script):
+            return CommandPlan("placeholder")
         if ADDITIONAL_ARGS in script and "vllm serve" in script:
             return _additional(command, args, extra_present, extra, script, respect_explicit)
-        return CommandPlan(None, f"a shell command: put {REF_ARGS} after 'vllm serve' in it")
+        return CommandPlan(None, f"a shell command: put {SHELL_REF_ARGS} after 'vllm serve' in it")
     return CommandPlan(None, f"{program} is neither 'vllm serve' nor 'python -m {API_SERVER_MODULE}'")
 
 
@@ -294,13 +312,20 @@ def _additional(
         return CommandPlan(None, f"{ADDITIONAL_ARGS} comes from valueFrom; fiar cannot append to it")
     if extra is not None and (CC_SHORT in extra or "compilation" in extra or "--config" in extra):
         return CommandPlan(None, f"{ADDITIONAL_ARGS} holds a compilation config or config file")
+    evaluated = bool(_EVAL_SERVE.search(script))
+    if not evaluated and _EVAL.search(script):
+        return CommandPlan(None, f"its shell script runs eval elsewhere than on 'vllm serve' with {ADDITIONAL_ARGS}")
     argv = command + args
     start = 4 if len(argv) >= 4 else len(argv)  # [shell, -c, script, $0, $@...]
     tokens, explicit, problem, append = _edit(argv[start:], respect)
     if tokens is None:
         return CommandPlan(None if not explicit else "additional-args", problem, explicit)
     new_command, new_args = (None, None) if tokens == argv[start:] else _split(argv[:start] + tokens, command, args)
-    value = (f"{extra} {REF_ARGS}".strip() if extra else REF_ARGS) if append else None
+    # Under eval the shell parses VLLM_ADDITIONAL_ARGS as shell text: it gets the quoted shell reference,
+    # so that the value is expanded once, as one argument. Without eval its text is only split into
+    # words, and the kubelet's expansion is safe.
+    ref = SHELL_REF_ARGS if evaluated else REF_ARGS
+    value = (f"{extra} {ref}".strip() if extra else ref) if append else None
     return CommandPlan("additional-args", command=new_command, args=new_args, additional_args=value)
 
 

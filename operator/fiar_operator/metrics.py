@@ -69,6 +69,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.conditions_follow_policies = Gauge(
+            "fiar_webhook_conditions_follow_policies",
+            "1 while the webhooks' matchConditions follow the policies; 0 while the static conditions stand "
+            "in for ones the API server cannot hold (every pod the chart's rules name reaches the webhooks).",
+            registry=self.registry,
+        )
+        self.conditions_follow_policies.set(1)
         self._sizes = sizes
 
     def admission(self, webhook: str, result: str) -> None:

@@ -67,7 +67,8 @@ def _reads(pod: Mapping[str, Any]) -> frozenset[str]:
 
 def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
     """vLLM's defaults (``fiar.io/backend=auto``, the fusion as the container sets it) for the fiar
-    annotations a pod's containers read but the pod lacks.
+    annotations a pod's containers read but the pod lacks, or holds with a value outside
+    ``contract.POD_ANNOTATION_VALUES`` (which the containers would read into their command lines).
 
     Such a pod carries injected env entries without a policy taking it (e.g. copied from a live pod
     into a template). The kubelet would resolve a variable to "": vLLM raises ValueError on an empty
@@ -76,7 +77,11 @@ def default_backend_ops(pod: Mapping[str, Any]) -> list[patches.Op]:
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     present = annotations if isinstance(annotations, Mapping) else {}
-    missing = {key: UNMANAGED_DEFAULTS[key] for key in sorted(_reads(pod)) if key not in present}
+    missing = {
+        key: UNMANAGED_DEFAULTS[key]
+        for key in sorted(_reads(pod))
+        if contract.pod_annotation_value(key, present.get(key)) is None
+    }
     if not missing:
         return []
     return patches.set_map_entries(pod, ("metadata", "annotations"), missing)

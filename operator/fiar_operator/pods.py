@@ -62,7 +62,9 @@ class PodRecord:
     """(name, sets the backend variable itself) of each container, in spec order."""
     fuse: str | None = None
     use_flashinfer: str | None = None
-    """The fiar.io/fuse-allreduce-rms and fiar.io/allreduce-use-flashinfer annotations."""
+    """The fiar.io/fuse-allreduce-rms and fiar.io/allreduce-use-flashinfer annotations. These and
+    ``backend`` are None when absent or outside ``contract.POD_ANNOTATION_VALUES`` (a value fiar never
+    writes is never read)."""
     reads: frozenset[str] = frozenset()
     """Annotations that an injected env var of a container reads."""
     uncontrolled: tuple[str, ...] = ()
@@ -249,15 +251,22 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         resource_version=str(meta.get("resourceVersion") or ""),
         labels=labels,
         lws_size=lws_size,
-        backend=annotations.get(contract.ANNOTATION_POD_BACKEND),
+        backend=contract.pod_annotation_value(
+            contract.ANNOTATION_POD_BACKEND, annotations.get(contract.ANNOTATION_POD_BACKEND)
+        ),
         decision=parse_decision(annotations.get(contract.ANNOTATION_POD_DECISION)),
         constraint=constraint,
         pinned_backend=pinned,
         clique_affinity=clique_affinity,
         container_starts=_starts(status),
         containers=_containers(spec) if isinstance(spec, Mapping) else (),
-        fuse=annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS),
-        use_flashinfer=annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
+        fuse=contract.pod_annotation_value(
+            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS, annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS)
+        ),
+        use_flashinfer=contract.pod_annotation_value(
+            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
+            annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
+        ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
         uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
         imex_claims=claims,

@@ -63,6 +63,10 @@ class Policy:
         return self.namespace_selector.matches(namespace_labels) and self.pod_selector.matches(pod_labels)
 
 
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+"""The label the API server gives every namespace: its name."""
+
+
 DEFAULT: Final = Policy(name="", pod_selector=selectors.EVERYTHING)
 """A policy with every default: the one source of ``parse_policy``'s defaults (the CRD's are checked
 against it by a test)."""

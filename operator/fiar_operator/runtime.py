@@ -374,7 +374,7 @@ class Runtime:
         """The pod's policy and the re-annotation it needs (None: nothing), from the indexes alone;
         None when no policy of the webhooks' reach takes it."""
         self.heartbeats.beat(liveness.RECONCILER)
-        policy = self.store.policies.get(record.policy or "")
+        policy = self.store.policy_of(record)
         if policy is None or self.excluded(record.namespace):
             return None
         members: list[PodRecord] = []
@@ -546,7 +546,7 @@ class Runtime:
         breaks its whole group, and a member elsewhere may see no pod event of its own for a long time."""
         found = {(r.namespace, r.name): r for r in records}
         for record in records:
-            policy = self.store.policies.get(record.policy or "")
+            policy = self.store.policy_of(record)
             key = record.labels.get(policy.group_key_label) if policy is not None else None
             if policy is None or not key or not group_plan(record, policy).multi:
                 continue
@@ -557,6 +557,24 @@ class Runtime:
     def _sync_webhooks(self) -> None:
         managed = {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}
         self.webhooks.sync(list(self.store.policies.values()), managed)
+        self.metrics.conditions_follow_policies.set(0 if self.webhooks.fallback is not None else 1)
+        target = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": self.webhooks.name},
+        }
+        self.post(
+            [
+                Event(
+                    target,
+                    "Warning",
+                    "MatchConditionsFallback",
+                    f"the webhooks fall back to their static conditions (every pod the chart's rules name "
+                    f"reaches them; nothing is skipped): {fallback.reason}",
+                )
+                for fallback in self.webhooks.take_fallbacks()
+            ]
+        )
 
     def _policy_as_parsed(self, name: str) -> Policy | str | None:
         return self.store.policies.get(name) or self.store.policy_errors.get(name)

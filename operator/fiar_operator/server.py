@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from fiar_operator.admission import Admission, Need, Review, parse_review, respond
 from fiar_operator.errors import ApiError, ConfigurationError, ReviewError
@@ -324,6 +325,7 @@ class Server:
     def start(self, timeout: float = 10.0) -> None:
         _raise_file_limit()
         logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)
+        logging.getLogger("aiohttp.server").addFilter(_MALFORMED_REQUESTS)
         self._thread.start()
         if not self._started.wait(timeout):
             raise ConfigurationError("the webhook server did not start")
@@ -637,6 +639,42 @@ class _AcceptErrors(logging.Filter):
 
 
 _ACCEPT_ERRORS: Final = _AcceptErrors()
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a traceback for every HTTP message it cannot parse (any client on the port can
+    send one): make it one line without the traceback, at most ``per_minute`` a minute, counting the
+    lines left out in the next one. Other errors keep their tracebacks."""
+
+    def __init__(self, per_minute: int = 10, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.per_minute, self.clock = per_minute, clock
+        self._window = -60.0
+        self._lines = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = self.clock()
+        if now - self._window >= 60:
+            self._window, self._lines = now, 0
+        if self._lines >= self.per_minute:
+            self._dropped += 1
+            return False
+        self._lines += 1
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        detail = " ".join(str(exc.message or type(exc).__name__).split())[:200]
+        more = f" ({self._dropped} more left out)" if self._dropped else ""
+        record.msg, record.args = "malformed HTTP request from %s: %s%s", (remote, detail, more)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        self._dropped = 0
+        return True
+
+
+_MALFORMED_REQUESTS: Final = _MalformedRequests()
 
 
 def bounds_total(bounds: Bounds) -> int:

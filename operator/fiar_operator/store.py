@@ -250,11 +250,27 @@ class Store:
             return [self.pods[k] for k in self.by_node.get(node, ()) if k in self.pods]
 
     def pods_of_policy(self, name: str) -> list[PodRecord]:
+        """The pods labelled with policy ``name`` that it selects (see ``policy_of``)."""
         with self._lock:
-            return [self.pods[k] for k in self.by_policy.get(name, ()) if k in self.pods]
+            policy = self.policies.get(name)
+            found = [self.pods[k] for k in self.by_policy.get(name, ()) if k in self.pods]
+        return [r for r in found if policy is None or self.selects(policy, r)]
 
     def group_members(self, namespace: str, policy: str, label: str, key: str) -> list[PodRecord]:
         return [p for p in self.pods_of_policy(policy) if p.namespace == namespace and p.labels.get(label) == key]
+
+    def selects(self, policy: policies.Policy, record: PodRecord) -> bool:
+        """Whether ``policy`` selects the pod of ``record`` (its namespace's labels as indexed, or only
+        its name while they are not)."""
+        labels = self.namespaces.get(record.namespace) or {policies.NAMESPACE_NAME_LABEL: record.namespace}
+        return policy.matches(labels, record.labels)
+
+    def policy_of(self, record: PodRecord) -> policies.Policy | None:
+        """The policy the pod's ``fiar.io/policy`` label names, when that policy selects the pod: a tenant
+        can write any label on its own pods, and a pod labelled with another team's policy is neither
+        counted in that policy's status nor re-annotated under it."""
+        policy = self.policies.get(record.policy or "")
+        return policy if policy is not None and self.selects(policy, record) else None
 
     # -- admission memo --------------------------------------------------------------------------
     def remember(self, record: PodRecord) -> bool:

@@ -10,7 +10,6 @@ minimum of 1 s: each answers from memory (docs/operator.md, "How long the API se
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -132,8 +131,41 @@ LABELS: Final = "object.metadata.labels"
 HAS_LABELS: Final = "has(object.metadata.labels)"
 
 
-def _lit(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid CEL string literal
+MAX_CONDITION_CHARS: Final = 256 * 1024
+"""Longest pod or binding condition the operator sends. The API server bounds a condition by its
+estimated CEL cost, not by length; this bound keeps a request that would be refused anyway (and
+the operator's own memory) small. Past it, or when the API server refuses the conditions, the
+webhooks fall back to the chart's static configuration (``STATIC``)."""
+STATIC: Final = "true"
+"""The condition of the static configuration: every pod the chart's rules send reaches the webhook."""
+
+
+def cel_string(value: str) -> str:
+    """``value`` as a CEL string literal, for every string a policy can hold.
+
+    JSON's escapes are not all CEL's: a character outside the Basic Multilingual Plane is a
+    surrogate pair in JSON (``\\ud83d\\ude00``), which CEL refuses ("invalid unicode code point").
+    Quotes, backslashes and control characters are escaped; a non-BMP character is written
+    ``\\UXXXXXXXX``; a lone surrogate (no Unicode scalar value: the API server never stores one)
+    becomes U+FFFD, as Go's JSON decoder makes it."""
+    out = ['"']
+    for char in value:
+        code = ord(char)
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append("\\ufffd")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif code > 0xFFFF:
+            out.append(f"\\U{code:08x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+_lit = cel_string
 
 
 def _list(values: Iterable[str]) -> str:

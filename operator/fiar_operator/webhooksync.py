@@ -5,7 +5,14 @@ binding outside the excluded namespaces reaches the webhooks, which is correct w
 has narrowed it. The leading replica then sets one matchCondition per webhook (webhookconfig.py
 writes them), so the API server itself skips the pods no policy can select, and does not wait on
 the operator for them, not even when it hangs. It patches only the configuration it is named
-(``--webhook-config``) and only those conditions, and only when they change.
+(``--webhook-config``) and only those conditions, and only when they change; the chart's
+admission policy refuses it any other change of that configuration.
+
+Conditions the API server cannot hold (past CEL's cost limit: many or large policies) are never
+left stale: the operator falls back to the static configuration (``webhookconfig.STATIC``, every
+pod the chart's rules send reaches the webhooks), says so once in a Warning event and in the
+metric ``fiar_webhook_conditions_follow_policies``, and tries the narrowed conditions again when
+the policies change.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from fiar_operator import webhookconfig
-from fiar_operator.errors import ApiError
+from fiar_operator.errors import ApiError, Invalid
 from fiar_operator.kube import MUTATING_CONFIGS, Kube
 from fiar_operator.policy import Policy
 
@@ -26,14 +34,37 @@ STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 RETRY: Final = 5.0
 """Seconds before a failed patch is tried again (e.g. the configuration is installed after the start)."""
 
+Conditions = dict[str, list[dict[str, str]]]
+
+
+def static_conditions() -> Conditions:
+    """The conditions of the static configuration: each webhook sees every request its rules name."""
+    return {
+        hook.name: [{"name": webhookconfig.CONDITION, "expression": webhookconfig.STATIC}]
+        for hook in webhookconfig.HOOKS
+    }
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The narrowed conditions could not be set; the static ones are in force."""
+
+    reason: str
+
 
 class WebhookSync:
     def __init__(self, kube: Kube, name: str | None) -> None:
         self.kube, self.name = kube, name
-        self._applied: dict[str, list[dict[str, str]]] | None = None
+        self._applied: Conditions | None = None
+        self._wanted: Conditions | None = None
+        """The narrowed conditions last asked for (refused ones included: not asked again unchanged)."""
         self._retry_at: float | None = None
         self.binding_namespaces: frozenset[str] | None = None
         """The namespaces the binding condition names (None: it names none, every one passes)."""
+        self.fallback: Fallback | None = None
+        """Set while the static conditions stand in for conditions the API server refused."""
+        self.fallbacks: list[Fallback] = []
+        """Fallbacks not yet reported (the reconciler takes them for its event)."""
 
     def sync(self, policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> bool:
         """Patch the conditions if they changed since the last patch; whether a patch was sent."""
@@ -42,23 +73,65 @@ class WebhookSync:
         policies = list(policies)
         namespaces = sorted(set(managed_namespaces))
         wanted = webhookconfig.match_conditions(policies, namespaces)
-        if wanted == self._applied:
+        if wanted == self._wanted and self._retry_at is None:
             return False
-        body = {"webhooks": [{"name": hook, "matchConditions": conditions} for hook, conditions in wanted.items()]}
-        try:
-            self.kube.call(
-                "PATCH", f"{MUTATING_CONFIGS}/{self.name}", body=body, content_type=STRATEGIC_MERGE, timeout=10.0
+        longest = max(len(c["expression"]) for conditions in wanted.values() for c in conditions)
+        if longest > webhookconfig.MAX_CONDITION_CHARS:
+            return self._fall_back(
+                wanted, f"a condition of {longest} characters (more than {webhookconfig.MAX_CONDITION_CHARS})"
             )
+        try:
+            self._patch(wanted)
+        except Invalid as exc:
+            return self._fall_back(wanted, f"the API server refused the conditions: {str(exc)[:300]}")
         except ApiError as exc:
-            if self._retry_at is None:
-                log.warning("webhook configuration %s not narrowed to the policies: %s", self.name, exc)
-            self._retry_at = time.monotonic() + RETRY
+            self._failed(exc)
             return False
-        self._applied, self._retry_at = wanted, None
+        self._wanted, self._applied, self._retry_at = wanted, wanted, None
+        if self.fallback is not None:
+            log.info("webhook configuration %s follows the policies again", self.name)
+        self.fallback = None
         expression = wanted[webhookconfig.BINDING_HOOK][0]["expression"]
         self.binding_namespaces = None if expression == "true" else frozenset(namespaces) | _named(policies)
         log.info("webhook configuration %s follows %d policies", self.name, len(policies))
         return True
+
+    def _patch(self, conditions: Conditions) -> None:
+        body = {"webhooks": [{"name": hook, "matchConditions": c} for hook, c in conditions.items()]}
+        self.kube.call(
+            "PATCH", f"{MUTATING_CONFIGS}/{self.name}", body=body, content_type=STRATEGIC_MERGE, timeout=10.0
+        )
+
+    def _failed(self, exc: ApiError) -> None:
+        if self._retry_at is None:
+            log.warning("webhook configuration %s not narrowed to the policies: %s", self.name, exc)
+        self._retry_at = time.monotonic() + RETRY
+
+    def _fall_back(self, wanted: Conditions, reason: str) -> bool:
+        """Set the static conditions in place of ``wanted``; whether a patch was sent."""
+        self._wanted = wanted
+        static = static_conditions()
+        if self._applied != static:
+            try:
+                self._patch(static)
+            except ApiError as exc:
+                self._failed(exc)
+                self._wanted = None  # try the whole sync again
+                return False
+        self._applied, self._retry_at, self.binding_namespaces = static, None, None
+        if self.fallback is None:
+            log.warning(
+                "webhook configuration %s falls back to its static conditions (every pod reaches the webhooks): %s",
+                self.name,
+                reason,
+            )
+            self.fallbacks.append(Fallback(reason))
+        self.fallback = Fallback(reason)
+        return True
+
+    def take_fallbacks(self) -> list[Fallback]:
+        found, self.fallbacks = self.fallbacks, []
+        return found
 
     def due(self) -> bool:
         """Whether a failed patch should be tried again now."""
@@ -67,6 +140,7 @@ class WebhookSync:
     def forget(self) -> None:
         """Patch again at the next ``sync`` (after leadership changed hands)."""
         self._applied = None
+        self._wanted = None
 
 
 def _named(policies: Iterable[Policy]) -> frozenset[str]:

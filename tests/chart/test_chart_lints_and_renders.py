@@ -127,7 +127,10 @@ def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_
     assert sec["capabilities"] == {"drop": ["ALL"]}
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
     policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
-    assert policies == {"fiar-agent-own-node", "fiar-operator-fiar-keys-only"}
+    assert policies == {"fiar-agent-own-node", "fiar-operator-fiar-keys-only", "fiar-operator-webhook-conditions-only",
+                        "fiar-operator-crd-schema-only", "fiar-pod-annotation-values"}
+    bindings = {b["spec"]["policyName"] for b in kinds["ValidatingAdmissionPolicyBinding"]}
+    assert bindings == policies, "every policy is bound"
     ingress = kinds["NetworkPolicy"][0]["spec"]["ingress"]
     assert [rule["ports"][0]["port"] for rule in ingress] == [9443, 8080]  # nothing else reaches the pods
 

@@ -189,13 +189,25 @@ def test_binding_of_a_pod_seen_by_the_watch_uses_the_index(admission: Admission,
                 "name": "seen",
                 "namespace": "ml",
                 "uid": "u-1",
-                "labels": {contract.LABEL_POD_POLICY: "vllm"},
+                "labels": {"app": "vllm", contract.LABEL_POD_POLICY: "vllm"},
             },
             "spec": {},
         }
     )
     annotations = binding_annotations(admission.binding(parse_review(bind("seen"))))
     assert annotations[contract.ANNOTATION_POD_BACKEND] == "mnnvl"
+
+
+def test_binding_of_a_pod_labelled_with_a_policy_that_does_not_select_it_changes_nothing(
+    admission: Admission, store: Store
+) -> None:
+    """A tenant may label its own pods with any policy's name: the label counts only where that
+    policy selects the pod (here: app=web in namespace ml, and app=vllm in namespace web)."""
+    for namespace, labels in (("ml", {"app": "web"}), ("web", {"app": "vllm"})):
+        store.put_pod({"metadata": {"name": "forged", "namespace": namespace, "uid": "u-2",
+                                    "labels": {**labels, contract.LABEL_POD_POLICY: "vllm"}}, "spec": {}})
+        assert ops(admission.binding(parse_review(bind("forged", namespace=namespace, uid="u-2")))) == []
+        assert store.pods_of_policy("vllm") == []
 
 
 def test_unmanaged_pods_pass_untouched_without_a_read(admission: Admission) -> None:
@@ -213,7 +225,7 @@ def test_unknown_pod_in_a_covered_namespace_asks_for_a_bounded_read(admission: A
             "name": "stranger",
             "namespace": "ml",
             "uid": "u-1",
-            "labels": {contract.LABEL_POD_POLICY: "vllm"},
+            "labels": {"app": "vllm", contract.LABEL_POD_POLICY: "vllm"},
         },
         "spec": {},
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import shlex
+import subprocess
 from typing import Any
 
 import pytest
@@ -57,6 +57,11 @@ FORMS: dict[str, dict[str, Any]] = {
         "name": "vllm-leader",
         "image": "vllm/vllm-openai:latest",
         "command": ["sh", "-c", "vllm serve m --tensor-parallel-size 8 $(FIAR_VLLM_ARGS) && sleep 1"],
+    },
+    "shell-quoted-placeholder": {
+        "name": "vllm-leader",
+        "image": "vllm/vllm-openai:latest",
+        "command": ["bash", "-c", 'vllm serve m --tensor-parallel-size 8 "${FIAR_VLLM_ARGS}" && sleep 1'],
     },
     "user-json": {
         "name": "vllm",
@@ -127,14 +132,37 @@ def bound(out: dict[str, Any], fusion: str, backend: str = "trtllm") -> dict[str
     return result
 
 
+STANDIN = """#!/bin/sh
+# Prints the arguments it was started with, one JSON list: what vLLM's parser would see.
+exec python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shell_standins(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A ``vllm`` that prints its argv, and a ``sleep`` that returns at once, for the real shell."""
+    folder = tmp_path_factory.mktemp("standin-bin")
+    for name, text in (("vllm", STANDIN), ("sleep", "#!/bin/sh\nexit 0\n")):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    _BIN.append(str(folder))
+
+
+_BIN: list[str] = []
+
+
 def vllm_tokens(argv: list[str], env: dict[str, str] | None = None) -> list[str]:
-    """The arguments vLLM's parser sees: the exec argv, or the words of a shell string after 'vllm serve'
-    (with ${VLLM_ADDITIONAL_ARGS} and $@ as the shell expands them)."""
+    """The arguments vLLM's parser sees: the exec argv, or, for a shell string, the arguments a real
+    shell (bash, or sh as the command names it) starts ``vllm serve`` with, in the container's
+    environment (eval, ${VLLM_ADDITIONAL_ARGS} and $@ as that shell expands them)."""
     if argv[:1] and argv[0].endswith("sh") and argv[1:2] == ["-c"]:
-        script = argv[2].split("eval ")[-1].strip('"').split("&&")[0]
-        script = script.replace("${VLLM_ADDITIONAL_ARGS}", (env or {}).get("VLLM_ADDITIONAL_ARGS", ""))
-        words = shlex.split(script.replace("$@", ""))
-        return words[words.index("serve") + 1 :] + argv[4:]
+        shell = "bash" if argv[0].endswith("bash") else "sh"
+        proc = subprocess.run(
+            [shell, *argv[1:]], env={**(env or {}), "PATH": f"{_BIN[-1]}:/usr/bin:/bin"},
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+        words: list[str] = json.loads(proc.stdout.splitlines()[0])
+        return words[words.index("serve") + 1 :]
     return argv
 
 
@@ -187,7 +215,7 @@ def test_every_form_reads_the_fusion_after_the_kubelets_expansion(form: str, fus
     if form == "production-stack":
         assert "-O3" in argv and argv[:3] == ["/opt/venv/bin/vllm", "serve", "meta-llama/Llama-3.1-8B"]
     if form == "llmisvc-additional-args":
-        assert env["VLLM_ADDITIONAL_ARGS"].startswith("--enable-prefix-caching -cc.pass_config.")
+        assert env["VLLM_ADDITIONAL_ARGS"] == '--enable-prefix-caching "${FIAR_VLLM_ARGS}"', "eval: quoted"
         assert argv == FORMS[form]["command"] + FORMS[form]["args"], "the script and its args are unchanged"
 
 
@@ -367,3 +395,60 @@ def test_a_container_that_names_vllm_nowhere_is_neither_changed_nor_reported(con
     assert pod_record(out).uncontrolled == ()
     shell = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m"]}
     assert pod_record(mutated(pod(shell))[0]).uncontrolled == ("vllm",)
+
+
+# -- values that reach a shell -------------------------------------------------------------------------
+HOSTILE = "false $(touch {marker}) --trust-remote-code"
+
+
+@pytest.mark.parametrize("form", ["llmisvc-additional-args", "shell-quoted-placeholder"])
+def test_a_shell_form_gives_vllm_the_annotation_as_one_argument_and_runs_none_of_it(
+    form: str, tmp_path: Any
+) -> None:
+    """Whatever the annotation holds (the chart's admission policy lets only the cluster admin write a
+    value outside fiar's), the shell expands it once, quoted: one argument, never a command."""
+    marker = tmp_path / "ran"
+    out, _warnings = mutated(pod(FORMS[form]))
+    hostile = bound(out, "off")
+    hostile["metadata"]["annotations"][contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS] = HOSTILE.format(marker=marker)
+    argv, env = container_process(hostile, out["spec"]["containers"][0])
+    tokens = vllm_tokens(argv, env)
+    assert f"-cc.pass_config.fuse_allreduce_rms={HOSTILE.format(marker=marker)}" in tokens
+    assert "--trust-remote-code" not in tokens and not marker.exists()
+
+
+def test_an_escaped_reference_in_a_users_json_is_not_written_out_for_the_kubelet() -> None:
+    container = copy.deepcopy(FORMS["user-json"])
+    container["command"][4] = '{"note": "\\u0024(HF_TOKEN)", "pass_config": {}}'
+    plan = plan_command(container)
+    assert not plan.understood and "'$('" in plan.reason
+    out, warnings = mutated(pod(container))
+    assert out["spec"]["containers"][0]["command"] == container["command"]
+    assert any("fusion not controlled" in w for w in warnings)
+
+
+def test_a_shell_string_without_a_placeholder_is_told_the_quoted_form() -> None:
+    plan = plan_command({"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", "vllm serve m"]})
+    assert not plan.understood and '"${FIAR_VLLM_ARGS}"' in plan.reason
+
+
+def test_an_eval_fiar_cannot_place_is_not_understood() -> None:
+    container = copy.deepcopy(FORMS["llmisvc-additional-args"])
+    container["command"][2] = 'eval "$PRELUDE"; exec vllm serve /mnt/models ${VLLM_ADDITIONAL_ARGS} $@'
+    plan = plan_command(container)
+    assert not plan.understood and "eval" in plan.reason
+
+
+@pytest.mark.parametrize("key", sorted(contract.POD_ANNOTATION_VALUES))
+def test_a_value_outside_the_allowlist_is_read_as_absent_and_replaced_by_vllms_default(key: str) -> None:
+    out, _warnings = mutated(pod(FORMS["production-stack"]))
+    copied = copy.deepcopy(out)
+    copied["metadata"] = {"name": "copy", "namespace": "ml", "annotations": {key: "false $(id)"}}
+    record = pod_record(copied)
+    assert None in (record.backend, record.fuse, record.use_flashinfer)
+    assert getattr(record, {contract.ANNOTATION_POD_BACKEND: "backend",
+                            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "fuse",
+                            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "use_flashinfer"}[key]) is None
+    notes = patches.apply(copied, default_backend_ops(copied))["metadata"]["annotations"]
+    assert all(contract.pod_annotation_value(k, v) == v for k, v in notes.items())
+    assert notes[key] != "false $(id)"

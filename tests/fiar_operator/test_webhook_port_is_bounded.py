@@ -4,6 +4,7 @@ deep JSON, expensive reviews, and a certificate rotation that goes wrong."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import logging
@@ -197,3 +198,42 @@ def test_readiness_fails_while_tls_cannot_complete_a_handshake(served: tuple[Ser
     server.tls.current = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # no certificate at all
     status, text = readyz(server)
     assert status == 503 and "handshake" in text
+
+
+MALFORMED = [
+    b"G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+    b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET / HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"GET /\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"b" * 20_000 + b"\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+]
+
+
+def test_a_malformed_http_message_is_one_log_line_without_a_traceback(
+    served: tuple[Server, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, workdir = served
+    caplog.set_level(logging.DEBUG)
+    for message in MALFORMED:
+        for connect in (lambda: tls_socket(server, workdir),
+                        lambda: socket.create_connection(("127.0.0.1", server.metrics_port), timeout=5)):
+            sock = connect()
+            try:
+                sock.sendall(message)
+                sock.settimeout(2)
+                with contextlib.suppress(TimeoutError, ssl.SSLError, ConnectionError):
+                    sock.recv(4096)
+            finally:
+                sock.close()
+    status, _answer = post(server, workdir, review())
+    assert status == 200, "the port still answers"
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and (r.exc_info or "\n" in r.getMessage())]
+    assert not loud, [r.getMessage() for r in loud]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("malformed HTTP request from")]
+    assert lines and len(lines) <= 10, lines

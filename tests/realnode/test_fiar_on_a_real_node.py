@@ -451,6 +451,63 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     assert "" not in on_bridge["argv"]
 
 
+EVAL_SCRIPT = 'eval "exec vllm serve /models/stand-in --tensor-parallel-size 2 ${VLLM_ADDITIONAL_ARGS} $@"'
+HOSTILE = "false $(echo --injected-uid-$(id -u)) --trust-remote-code"
+
+
+def _eval_form(rel: Release, name: str, **container: Any) -> dict[str, Any]:
+    """A stand-in started as KServe's LLMInferenceService starts vLLM: bash evaluates a script that
+    expands VLLM_ADDITIONAL_ARGS and the args."""
+    body = _standin_pod(name)
+    body["spec"]["containers"][0].update({
+        "image": rel.node.images["vllm-standin"].ref,
+        "command": ["/bin/bash", "-c", EVAL_SCRIPT, "--"],
+        "args": ["--max-model-len=4096"],
+        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
+        **container,
+    })
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": rel.node.name}
+    return body
+
+
+def test_a_value_that_reaches_a_shell_is_one_argument_and_only_fiars_values_are_written(release: Release) -> None:
+    with release.api() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespaced_pod(release.workloads, _eval_form(release, "eval-form"))
+        release.created.append((release.workloads, "eval-form"))
+        printed = _printed(release, "eval-form")
+        assert printed["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2",
+                                       "--enable-prefix-caching", printed["argv"][6], "--max-model-len=4096"]
+        assert printed["argv"][6].startswith(FUSION_FLAG), printed["argv"]
+        pod = core.read_namespaced_pod("eval-form", release.workloads)
+        env = api.sanitize_for_serialization(pod.spec.containers[0].env)  # as the API spells it
+
+        # The operator's token cannot write text into the annotation the script reads.
+        token = release.plane.service_account_token(NAMESPACE, f"{RELEASE}-operator")
+        kubeconfig = release.plane.write_kubeconfig(release.plane.workdir / "operator-d.kubeconfig",
+                                                    "operator", token=token)
+        from kubernetes import config
+
+        with config.new_client_from_config(str(kubeconfig)) as operator_api, pytest.raises(ApiException) as denied:
+            client.CoreV1Api(operator_api).patch_namespaced_pod("eval-form", release.workloads, {
+                "metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}}})
+        assert denied.value.status == 422 and contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in denied.value.body
+
+        # Only the cluster admin may write it; where fiar does not look, with fiar's variables copied,
+        # bash still expands it once, quoted: one argument, no command run.
+        ignored = release.plane.create_namespace("ignored-shell", {contract.NAMESPACE_IGNORE_LABEL: ""})
+        try:
+            body = _eval_form(release, "hostile", env=env)
+            body["metadata"]["annotations"] = {**(pod.metadata.annotations or {}),
+                                               contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}
+            core.create_namespaced_pod(ignored, body)
+            hostile = _printed(release, "hostile", namespace=ignored)
+        finally:
+            core.delete_namespace(ignored)
+    assert FUSION_FLAG + HOSTILE in hostile["argv"], hostile["argv"]
+    assert not any(a.startswith("--injected-uid-") or a == "--trust-remote-code" for a in hostile["argv"])
+
+
 def test_a_pod_created_while_the_operator_is_down_starts_on_the_fallback(release: Release) -> None:
     deployment = f"{RELEASE}-operator"
     with release.api() as api:
