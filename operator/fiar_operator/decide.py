@@ -20,7 +20,10 @@ channel claim (FlashInfer needs FABRIC memory handles across hosts, which need t
 is *pinned* when its pods carry the constraints the pod webhook injects for that (required node
 affinity on mnnvl nodes with a clique, and a required pod affinity that keeps the group in one
 clique); an unpinned group qualifies only when every node its placement admits already meets the
-rule. A group that does not qualify gets the fallback with the fusion off.
+rule. A group that does not qualify gets the fallback with the fusion off. That check of the
+candidate nodes is the only planning step whose work grows with the fleet: it spends the review's
+``limits.Budget`` per node and requirement, stops at the first node that breaks the rule, and
+raises ``OverBudget`` past the budget (the webhook then allows the pod unchanged).
 """
 
 from __future__ import annotations
