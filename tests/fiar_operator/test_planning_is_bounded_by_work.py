@@ -8,6 +8,7 @@ import concurrent.futures
 import http.client
 import json
 import ssl
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from fiar_operator.metrics import Metrics
 from fiar_operator.nodefacts import node_facts
 from fiar_operator.pods import group_plan, pod_record
 from fiar_operator.policy import LWS_SIZE, parse_policy
-from fiar_operator.server import Server
+from fiar_operator.server import Bounds, Server
 from fiar_operator.settings import Settings
 from fiar_operator.store import Store
 
@@ -90,6 +91,11 @@ def test_the_reported_pod_is_past_the_bounds_before_any_node_is_walked() -> None
 
 def container(**fields: Any) -> dict[str, Any]:
     return {"name": "vllm", "image": "vllm/vllm-openai", **fields}
+
+
+def plain_pod() -> dict[str, Any]:
+    """An ordinary vLLM pod, not yet bound."""
+    return {"metadata": {"generateName": "vllm-", "labels": {"app": "vllm"}}, "spec": {"containers": [container()]}}
 
 
 def env(count: int) -> list[dict[str, str]]:
@@ -333,8 +339,7 @@ def test_attack_reviews_end_within_their_budget_and_ordinary_reviews_beside_them
 ) -> None:
     server, context = served
     hostile = review_body(attack(), uid="attack")
-    plain = {"metadata": {"generateName": "vllm-", "labels": {"app": "vllm"}}, "spec": {"containers": [container()]}}
-    ordinary = review_body(plain, "ok")
+    ordinary = review_body(plain_pod(), "ok")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         attacks = [pool.submit(post, server, context, hostile) for _ in range(2 * server.bounds.workers)]
         answers = [post(server, context, ordinary) for _ in range(10)]
@@ -347,3 +352,50 @@ def test_attack_reviews_end_within_their_budget_and_ordinary_reviews_beside_them
         assert status == 200 and "patch" in answer["response"]  # configured, not answered on the deadline
     assert health == [200] * 5
     assert server.metrics.admissions.labels("pods", "deadline")._value.get() == 0
+
+
+class Endless(Admission):
+    """Planning that never ends by itself for the review with uid ``endless``: it only spends its budget."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        super().__init__(store, metrics)
+        self.stopped = threading.Event()
+
+    def pod_create(
+        self, review: Any, fetched: Any = None, can_read: bool = True, budget: limits.Budget | None = None
+    ) -> Any:
+        if review.uid == "endless":
+            assert budget is not None
+            try:
+                while True:
+                    budget.spend(0)
+            except OverBudget:
+                self.stopped.set()
+                raise
+        return super().pod_create(review, fetched, can_read, budget)
+
+
+def test_a_review_answered_on_its_deadline_stops_planning_and_frees_its_thread(tmp_path: Path) -> None:
+    ca = pki.CertificateAuthority()
+    crt, key = ca.issue("fiar", hosts=("127.0.0.1",)).write(tmp_path, "serving")
+    store = fleet()
+    metrics = Metrics(store.sizes)
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
+    )
+    admission = Endless(store, metrics)
+    server = Server(admission, metrics, settings, None, lambda: store.synced, Bounds(work_deadline=0.3, workers=1))
+    server.start()
+    try:
+        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        status, answer = post(server, context, review_body(group_pod(), uid="endless"))
+        assert status == 200 and "patch" not in answer["response"]
+        assert admission.stopped.wait(5)  # the one review thread gave the review up
+        plain = {
+            "metadata": {"generateName": "vllm-", "labels": {"app": "vllm"}},
+            "spec": {"containers": [container()]},
+        }
+        status, answer = post(server, context, review_body(plain, uid="next"))
+        assert status == 200 and "patch" in answer["response"]  # and planned the next one
+    finally:
+        server.stop()
