@@ -14,9 +14,9 @@ narrows it), so every request is bounded: a body of at most ``MAX_BODY`` bytes r
 ``READ_DEADLINE``; parsing and planning on a small thread pool, never on the event loop, answered
 fail-open after ``WORK_DEADLINE``, when planning also stops (``limits.Budget``: planning past its
 work budget or deadline abandons the review, answered unchanged with a warning, and frees the
-thread); at most ``MAX_CONNECTIONS`` connections (over it, the one idle
-the longest is closed); a connection that sends no complete request within ``IDLE_TIMEOUT`` (slow
-headers, or idle) is closed. The soft limit of open files is raised to the hard one at start.
+thread); at most ``MAX_CONNECTIONS`` connections (over it, the one idle the longest is closed); a
+connection that sends no complete request within ``IDLE_TIMEOUT`` (slow headers, or idle) is
+closed. The soft limit of open files is raised to the hard one at start.
 """
 
 from __future__ import annotations
