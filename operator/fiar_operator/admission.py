@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator import decide, limits, mutation, patches
-from fiar_operator.errors import ReviewError
+from fiar_operator.errors import OverBudget, ReviewError
 from fiar_operator.metrics import Metrics
 from fiar_operator.names import is_namespace_name, is_object, is_pod_name
 from fiar_operator.pods import PodRecord, group_plan, pod_record
@@ -113,9 +113,38 @@ class Admission:
 
     # -- pod CREATE ------------------------------------------------------------------------------
     def pod_create(
-        self, review: Review, fetched: Mapping[str, Any] | None = None, can_read: bool = True
+        self,
+        review: Review,
+        fetched: Mapping[str, Any] | None = None,
+        can_read: bool = True,
+        budget: limits.Budget | None = None,
     ) -> dict[str, Any] | Need:
-        """The pod CREATE answer; ``fetched`` is the namespace read after a ``Need`` (None: the read failed)."""
+        """The pod CREATE answer; ``fetched`` is the namespace read after a ``Need`` (None: the read
+        failed). Planning spends ``budget`` (None: a fresh ``limits.Budget``); past it the pod is
+        allowed unchanged with a warning."""
+        try:
+            return self._pod_create(review, fetched, can_read, budget if budget is not None else limits.Budget())
+        except OverBudget as exc:
+            return self._over_budget(review, "pods", exc)
+
+    def _over_budget(self, review: Review, webhook: str, exc: OverBudget) -> dict[str, Any]:
+        request = review.request
+        obj = request.get("object")
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = (meta.get("name") or meta.get("generateName") or "") if isinstance(meta, Mapping) else ""
+        log.warning(
+            "%s webhook: pod %s/%r allowed unchanged: %s",
+            webhook,
+            str(request.get("namespace") or "")[:63],
+            str(request.get("name") or name)[:80],
+            exc,
+        )
+        self.metrics.admission(webhook, "over_budget")
+        return respond(review, warnings=[f"pod not configured: {exc}"])
+
+    def _pod_create(
+        self, review: Review, fetched: Mapping[str, Any] | None, can_read: bool, budget: limits.Budget
+    ) -> dict[str, Any] | Need:
         request = review.request
         pod = request.get("object")
         if (
@@ -166,7 +195,7 @@ class Admission:
             return respond(review)
         if not covers_namespace(policies, ns_labels):
             return self._unmanaged(review, pod, "unmanaged")
-        plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes)
+        plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes, budget)
         if not review.dry_run:
             record = pod_record(plan.pod, commands=False)
             if not record.namespace:
@@ -211,7 +240,20 @@ class Admission:
         return None, "unknown"
 
     def binding(
-        self, review: Review, fetched: Mapping[str, Any] | None = None, can_read: bool = True
+        self,
+        review: Review,
+        fetched: Mapping[str, Any] | None = None,
+        can_read: bool = True,
+        budget: limits.Budget | None = None,
+    ) -> dict[str, Any] | Need:
+        """The pods/binding CREATE answer; planning spends ``budget`` as in ``pod_create``."""
+        try:
+            return self._binding(review, fetched, can_read, budget if budget is not None else limits.Budget())
+        except OverBudget as exc:
+            return self._over_budget(review, "binding", exc)
+
+    def _binding(
+        self, review: Review, fetched: Mapping[str, Any] | None, can_read: bool, budget: limits.Budget
     ) -> dict[str, Any] | Need:
         request = review.request
         binding = request.get("object")
@@ -258,6 +300,7 @@ class Admission:
             self.store.nodes,
             trigger="binding",
             time=self.clock(),
+            budget=budget,
         )
         ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())
         self.metrics.decision(decision)

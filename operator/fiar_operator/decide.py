@@ -20,17 +20,22 @@ channel claim (FlashInfer needs FABRIC memory handles across hosts, which need t
 is *pinned* when its pods carry the constraints the pod webhook injects for that (required node
 affinity on mnnvl nodes with a clique, and a required pod affinity that keeps the group in one
 clique); an unpinned group qualifies only when every node its placement admits already meets the
-rule. A group that does not qualify gets the fallback with the fusion off.
+rule. A group that does not qualify gets the fallback with the fusion off. That check of the
+candidate nodes is the only planning step whose work grows with the fleet: it spends the review's
+``limits.Budget`` per node and requirement, stops at the first node that breaks the rule, and
+raises ``OverBudget`` past the budget (the webhook then allows the pod unchanged).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
+from fiar_operator import limits
+from fiar_operator.limits import Budget
 from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
 from fiar_operator.policy import Policy
 from fiar_operator.selectors import ANYWHERE, NodeConstraint
@@ -169,13 +174,35 @@ def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, 
     return (RUNS_UNVERIFIED if facts.trtllm_runs else policy.fallback), "NotVerified"
 
 
+def _candidates_break(constraint: NodeConstraint, nodes: Mapping[str, Mapping[str, str]], budget: Budget) -> bool:
+    """Whether the nodes ``constraint`` admits break the multi-pod rule (or it admits none).
+
+    Each node evaluated spends ``constraint.cost`` of ``budget`` (``OverBudget`` past it), and the
+    walk stops at the first node that breaks the rule."""
+    cost, admitted = constraint.cost, 0
+
+    def members() -> Iterator[tuple[str, NodeFacts]]:
+        nonlocal admitted
+        # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
+        for name, labels in list(nodes.items()):
+            budget.spend(cost)
+            if constraint.admits(labels):
+                admitted += 1
+                yield f"node {name}", node_facts(name, labels)
+
+    return group_break(members()) is not None or not admitted
+
+
 def choose_for_group(
     policy: Policy,
     facts: NodeFacts | None,
     group: GroupPlan,
     nodes: Mapping[str, Mapping[str, str]],
+    budget: Budget | None = None,
 ) -> tuple[contract.EnvValue, Reason]:
-    """The backend for one pod of a multi-pod group bound to ``facts``' node."""
+    """The backend for one pod of a multi-pod group bound to ``facts``' node; an unpinned group's
+    check of its candidate nodes spends ``budget`` (None: unbounded)."""
+    budget = budget if budget is not None else limits.unbounded()
     if MULTI_NODE_BACKEND not in policy.backends:
         return policy.fallback, "MultiNodeNeedsMnnvl"
     if facts is None:
@@ -184,12 +211,8 @@ def choose_for_group(
         return policy.fallback, "NotProbed"
     if not joins_group(facts):
         return policy.fallback, "MultiNodeNoSharedClique"
-    if not group.pinned:
-        # list() copies the items in one step, so an informer adding a node meanwhile cannot break the loop.
-        admitted = list(nodes.items())
-        candidates = [node_facts(name, labels) for name, labels in admitted if group.constraint.admits(labels)]
-        if not candidates or group_break((f"node {c.name}", c) for c in candidates) is not None:
-            return policy.fallback, "MultiNodeNoSharedClique"
+    if not group.pinned and _candidates_break(group.constraint, nodes, budget):
+        return policy.fallback, "MultiNodeNoSharedClique"
     if not group.imex:
         return policy.fallback, "MultiNodeNoImexChannel"
     return MULTI_NODE_BACKEND, "Verified"
@@ -203,11 +226,13 @@ def decide(
     nodes: Mapping[str, Mapping[str, str]] | None = None,
     trigger: Trigger = "binding",
     time: str | None = None,
+    budget: Budget | None = None,
 ) -> Decision:
-    """The decision for a pod of ``policy`` bound to ``node`` (whose labels may be unknown)."""
+    """The decision for a pod of ``policy`` bound to ``node`` (whose labels may be unknown); a group's
+    node walk spends ``budget`` and raises ``OverBudget`` past it (None: unbounded)."""
     facts = node_facts(node, node_labels) if node_labels is not None else None
     if group.multi:
-        backend, reason = choose_for_group(policy, facts, group, nodes or {})
+        backend, reason = choose_for_group(policy, facts, group, nodes or {}, budget)
     else:
         backend, reason = choose(policy, facts)
     return Decision(

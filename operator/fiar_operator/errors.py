@@ -5,6 +5,7 @@
     OperatorError                 base: every error this package raises on purpose
     ├── PolicyError               a FiAllreducePolicy object cannot be used (bad spec)
     ├── ReviewError               an AdmissionReview body is malformed (answered with HTTP 400)
+    ├── OverBudget                planning a review passed its work budget (answered unchanged)
     └── ConfigurationError        the operator was started with unusable settings
 
     ApiError                      a call to the Kubernetes API failed or timed out: the errors of
@@ -32,6 +33,7 @@ __all__ = [
     "Invalid",
     "NotFound",
     "OperatorError",
+    "OverBudget",
     "PolicyError",
     "Rejected",
     "ReviewError",
@@ -54,3 +56,8 @@ class ReviewError(OperatorError):
 
 class ConfigurationError(OperatorError):
     """The operator's settings are unusable (missing TLS files, bad port, ...)."""
+
+
+class OverBudget(OperatorError):
+    """Planning one review passed its work budget (``limits.Budget``); the review is answered allowed
+    and unchanged, with a warning, and its thread is free for the next one."""

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator import affinity, commands, decide, nodefacts, patches
+from fiar_operator.limits import Budget
 from fiar_operator.pods import INJECTED, annotations_read, field_path, group_plan, is_injected, pod_record
 from fiar_operator.policy import Policy
 
@@ -203,11 +204,12 @@ def plan_pod_create(
     pod: Mapping[str, Any],
     policy: Policy | None,
     nodes: Mapping[str, Mapping[str, str]],
+    budget: Budget | None = None,
 ) -> PodPlan:
     """The mutation for a pod being created, given the policy that manages it (if any).
 
     ``nodes`` maps node names to labels; it is read only for a pod created with ``spec.nodeName``
-    (decided at once) or a multi-pod group that must check its candidate nodes.
+    (decided at once) or a multi-pod group that must check its candidate nodes (spending ``budget``).
     """
     if policy is None:
         return PodPlan(None, pod=pod)
@@ -250,7 +252,13 @@ def plan_pod_create(
     node = spec.get("nodeName")
     if node:
         decision = decide.decide(
-            policy, str(node), nodes.get(str(node)), group_plan(pod_record(after), policy), nodes, trigger="create"
+            policy,
+            str(node),
+            nodes.get(str(node)),
+            group_plan(pod_record(after), policy),
+            nodes,
+            trigger="create",
+            budget=budget,
         )
         if policy.placement == "VerifiedNodesOnly" and not decision.verified:
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")

@@ -8,7 +8,7 @@ when it matches any term, and a term when it matches all of its expressions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fiar_operator.errors import PolicyError
@@ -22,6 +22,11 @@ class Requirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
+    members: frozenset[str] = field(init=False, repr=False, compare=False)
+    """``values`` as a set, built once: ``In``/``NotIn`` cost one lookup per node, however many values."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", frozenset(self.values))
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         present = self.key in labels
@@ -30,9 +35,9 @@ class Requirement:
         if self.operator == "DoesNotExist":
             return not present
         if self.operator == "In":
-            return present and labels[self.key] in self.values
+            return present and labels[self.key] in self.members
         if self.operator == "NotIn":
-            return not present or labels[self.key] not in self.values
+            return not present or labels[self.key] not in self.members
         if self.operator in ("Gt", "Lt") and present and len(self.values) == 1:
             try:
                 have, bound = int(labels[self.key]), int(self.values[0])
@@ -105,12 +110,24 @@ class NodeConstraint:
     node_selector: tuple[tuple[str, str], ...] = ()
     terms: tuple[tuple[Requirement, ...], ...] = ()
 
+    @property
+    def cost(self) -> int:
+        """Work of one ``admits`` call at most: one step per node, plus one per requirement."""
+        return 1 + len(self.node_selector) + sum(len(term) for term in self.terms)
+
     def admits(self, node_labels: Mapping[str, str]) -> bool:
-        if any(node_labels.get(k) != v for k, v in self.node_selector):
-            return False
+        for key, value in self.node_selector:
+            if node_labels.get(key) != value:
+                return False
         if not self.terms:
             return True
-        return any(all(req.matches(node_labels) for req in term) for term in self.terms)
+        for term in self.terms:  # plain loops: this runs once per node and term of a group's check
+            for req in term:
+                if not req.matches(node_labels):
+                    break
+            else:
+                return True
+        return False
 
 
 ANYWHERE = NodeConstraint()

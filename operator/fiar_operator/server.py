@@ -12,9 +12,11 @@ kopf's loop never delays an admission answer. Routes:
 The webhook port is reachable by whatever the pod network lets through (the chart's NetworkPolicy
 narrows it), so every request is bounded: a body of at most ``MAX_BODY`` bytes read within
 ``READ_DEADLINE``; parsing and planning on a small thread pool, never on the event loop, answered
-fail-open after ``WORK_DEADLINE``; at most ``MAX_CONNECTIONS`` connections (over it, the one idle
-the longest is closed); a connection that sends no complete request within ``IDLE_TIMEOUT`` (slow
-headers, or idle) is closed. The soft limit of open files is raised to the hard one at start.
+fail-open after ``WORK_DEADLINE``, when planning also stops (``limits.Budget``: planning past its
+work budget or deadline abandons the review, answered unchanged with a warning, and frees the
+thread); at most ``MAX_CONNECTIONS`` connections (over it, the one idle the longest is closed); a
+connection that sends no complete request within ``IDLE_TIMEOUT`` (slow headers, or idle) is
+closed. The soft limit of open files is raised to the hard one at start.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from fiar_operator import limits
 from fiar_operator.admission import Admission, Need, Review, parse_review, respond
 from fiar_operator.errors import ApiError, ConfigurationError, ReviewError
 from fiar_operator.kube import Kube
@@ -161,9 +164,12 @@ class TlsFiles:
 class _Job:
     """One review on its way through the thread pool: the body, then the parsed review."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, budget: limits.Budget) -> None:
         self.body = body
         self.review: Review | None = None
+        self.budget = budget
+        """Planning's work budget; its deadline is the review's, so that a review answered on its
+        deadline stops planning too and frees its thread."""
 
 
 class _Budget:
@@ -492,7 +498,7 @@ class Server:
         except ConnectionError:  # the client went away mid-body: nothing to answer, nothing to log
             await self._budget.release(share)
             return self._refuse(webhook, 400, "the connection was lost")
-        job = _Job(body)
+        job = _Job(body, limits.Budget.within(b.work_deadline))
         del body
         try:
             answer = await asyncio.wait_for(self._answer(job, webhook), b.work_deadline)
@@ -536,7 +542,9 @@ class Server:
         if isinstance(first, Need):
             call = self.admission.pod_create if webhook == "pods" else self.admission.binding
             fetched = await self._fetch(first)
-            first = await self._on_review_thread(functools.partial(call, job.review, fetched=fetched, can_read=False))
+            first = await self._on_review_thread(
+                functools.partial(call, job.review, fetched=fetched, can_read=False, budget=job.budget)
+            )
         return first if not isinstance(first, Need) else respond(job.review)
 
     def _on_review_thread(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
@@ -551,7 +559,7 @@ class Server:
         job.review = parse_review(body)
         del body
         call = self.admission.pod_create if webhook == "pods" else self.admission.binding
-        return call(job.review, can_read=self.kube is not None)
+        return call(job.review, can_read=self.kube is not None, budget=job.budget)
 
     async def _fetch(self, need: Need) -> dict[str, Any] | None:
         """A bounded read of an object the indexes lack; None when it fails or takes too long."""

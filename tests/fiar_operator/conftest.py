@@ -364,10 +364,12 @@ class HeldAdmission(Admission):
         super().__init__(store, metrics)
         self.release = threading.Event()
 
-    def pod_create(self, review: Review, fetched: Any = None, can_read: bool = True) -> dict[str, Any] | Need:
+    def pod_create(
+        self, review: Review, fetched: Any = None, can_read: bool = True, budget: Any = None
+    ) -> dict[str, Any] | Need:
         if review.uid == "held":
             self.release.wait(10)
-        return super().pod_create(review, fetched, can_read)
+        return super().pod_create(review, fetched, can_read, budget)
 
 
 def start_held_server(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
