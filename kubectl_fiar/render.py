@@ -175,8 +175,8 @@ def meaning(n: NodeView) -> str:
 
 
 def _tested(t: model.TestView) -> str:
-    head = t.result + (f" ({t.kind})" if t.kind and t.kind not in ("ok", t.result) else "")
-    parts = []
+    head = t.result
+    parts = [t.kind] if t.kind and t.kind not in ("ok", t.result) else []
     if t.ranks:
         parts.append(f"on {t.ranks} GPUs")
     if t.seconds is not None:
