@@ -8,7 +8,7 @@ fieldRef), plus the policy with a status. Then, alternated ``--rounds`` times, e
 a child process with its output to /dev/null, and is measured:
 
     wall       seconds from start to exit
-    peak RSS   the child's maximum resident set (``wait4``'s ru_maxrss)
+    peak RSS   the child's maximum resident set (GNU time's %M)
 
 Commands: ``kubectl fiar status`` (text), ``kubectl fiar status -o json``, ``kubectl fiar report
 --html``, and as the baseline ``kubectl get nodes -L <fiar's labels>`` (server-side table; it reads
@@ -200,18 +200,17 @@ def populate(plane: ControlPlane, nodes: int, pods: int) -> None:
 
 
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one run, output discarded."""
+    """(wall seconds, peak RSS MiB) of one run, output discarded. GNU time forks the command from its
+    own small process: a child forked from this one would start with this process's resident set."""
     started = time.monotonic()
     with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.PIPE, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{argv} exited {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%M", *argv], stdout=sink, stderr=subprocess.PIPE, env=env, text=True, check=False
         )
-    return wall, usage.ru_maxrss / 1024
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return wall, int(proc.stderr.strip().splitlines()[-1]) / 1024
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1f2328;background:#ff
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}h3{font-size:13px;margin:12px 0 4px;color:#57606a}
 .counts span,.legend span{display:inline-block;margin-right:14px}
 .sw{display:inline-block;width:12px;height:12px;border-radius:2px;vertical-align:-1px;margin-right:4px}
+.models{display:flex;flex-wrap:wrap;gap:8px 40px}.model h2{margin-top:12px}
 .grid{display:flex;flex-wrap:wrap;gap:3px;max-width:1100px}
 .node{width:18px;height:18px;border-radius:3px;display:inline-block}
 .node:hover{outline:2px solid #1f2328}
@@ -77,6 +78,7 @@ def html(f: Fleet, scope: str) -> str:
                 f"{escape(render.VERDICT_WORDS[verdict])}: <b>{counts[verdict]}</b></span>"
             )
     parts.append("</div>")
+    parts.append('<div class="models">')
     by_model: dict[str, dict[str, list[NodeView]]] = {}
     for n in f.nodes:
         by_model.setdefault(n.model, {}).setdefault(n.clique, []).append(n)
@@ -91,7 +93,7 @@ def html(f: Fleet, scope: str) -> str:
             parts.extend(_cell(n) for n in nodes)
             parts.append("</div>")
         parts.append("</section>")
-    parts.append('<div class="legend" style="margin-top:12px">')
+    parts.append('</div><div class="legend" style="margin-top:12px">')
     parts.extend(f"<span>{_sw(v)}{escape(render.VERDICT_WORDS[v])}</span>" for v in model.VERDICT_ORDER)
     parts.append("</div><h2>Policies</h2>")
     if f.policies:

@@ -13,9 +13,12 @@ Golden text where it is stable (ages and times masked): ``FIAR_UPDATE_GOLDEN=1``
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -360,3 +363,123 @@ def test_it_reads_nothing_the_operators_account_may_not(fleet: Fleet, tmp_path: 
         result = fleet.kubectl_fiar(*args, kubeconfig=kubeconfig)
         assert result.returncode == 0, result.stderr
         assert masked(result.stdout) == as_admin(*args)
+
+
+# -- the HTML page in a real headless Chromium -----------------------------------------------------------
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
+SCREENSHOT = ROOT / "docs" / "kubectl-fiar-report.png"
+
+
+def _need_chromium() -> str:
+    if CHROMIUM is None:
+        why = "no chromium on PATH (Debian package chromium: `make browser-deps` as root installs it)"
+        if os.environ.get("FIAR_REQUIRE_REALNODE"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return CHROMIUM
+
+
+async def _render(
+    chromium: str, page: Path, profile: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any], bytes, list[str]]:
+    """Open ``page`` in headless Chromium through the DevTools protocol: every node cell as rendered
+    (its computed colour and size), the page's counts, a screenshot, and every URL it requested."""
+    import aiohttp
+
+    proc = await asyncio.create_subprocess_exec(
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--remote-debugging-port=0",
+        f"--user-data-dir={profile}",
+        "--window-size=1100,800",
+        "about:blank",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        browser = ""
+        while not browser:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, "chromium exited before it listened"
+            browser = line.split("DevTools listening on ", 1)[1].strip() if "DevTools listening on" in line else ""
+        port = browser.split(":")[2].split("/")[0]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/json/list") as answer:
+                target = next(t for t in await answer.json() if t["type"] == "page")
+            async with http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=64 << 20) as ws:
+                ids = iter(range(1, 1000))
+                requested: list[str] = []
+                loaded = asyncio.Event()
+
+                async def call(method: str, **params: Any) -> dict[str, Any]:
+                    mine = next(ids)
+                    await ws.send_json({"id": mine, "method": method, "params": params})
+                    while True:
+                        msg = await asyncio.wait_for(ws.receive_json(), 30)
+                        if msg.get("method") == "Network.requestWillBeSent":
+                            requested.append(msg["params"]["request"]["url"])
+                        if msg.get("method") == "Page.loadEventFired":
+                            loaded.set()
+                        if msg.get("id") == mine:
+                            assert "error" not in msg, msg
+                            return dict(msg.get("result") or {})
+
+                await call("Network.enable")
+                await call("Page.enable")
+                await call(
+                    "Emulation.setDeviceMetricsOverride", width=1100, height=800, deviceScaleFactor=1, mobile=False
+                )
+                await call("Page.navigate", url=page.as_uri())
+                while not loaded.is_set():
+                    await call("Runtime.evaluate", expression="1")
+                script = """JSON.stringify({
+                  cells: [...document.querySelectorAll('.node')].map(e => { const r = e.getBoundingClientRect();
+                    return {node: e.dataset.node, verdict: e.dataset.verdict, colour: getComputedStyle(e).backgroundColor,
+                            width: r.width, height: r.height, title: e.title}; }),
+                  counts: Object.fromEntries([...document.querySelectorAll('#counts [data-verdict]')]
+                    .map(e => [e.dataset.verdict, +e.dataset.count])),
+                  rows: document.querySelectorAll('table.nodes tbody tr').length,
+                  policies: [...document.querySelectorAll('table.policies tbody tr')].map(r => r.cells[0].textContent),
+                  height: document.documentElement.scrollHeight})"""
+                result = await call("Runtime.evaluate", expression=script, returnByValue=True)
+                doc = json.loads(result["result"]["value"])
+                height = min(int(doc["height"]), 900)
+                await call(
+                    "Emulation.setDeviceMetricsOverride", width=1100, height=height, deviceScaleFactor=1, mobile=False
+                )
+                shot = await call("Page.captureScreenshot", format="png")
+                return doc["cells"], doc, base64.b64decode(shot["data"]), requested
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+def _rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def test_the_html_report_renders_every_node_in_its_verdicts_colour_in_chromium(fleet: Fleet, tmp_path: Path) -> None:
+    chromium = _need_chromium()
+    from kubectl_fiar import page as fleet_page
+
+    html = tmp_path / "fleet.html"
+    result = fleet.kubectl_fiar("report", "--html", str(html))
+    assert result.returncode == 0, result.stderr
+    status = json.loads(fleet.kubectl_fiar("status", "-o", "json").stdout)
+    cells, doc, png, requested = asyncio.run(_render(chromium, html, tmp_path / "profile"))
+    verdicts = {n["name"]: n["verdict"] for n in status["nodes"]}
+    assert {c["node"]: c["verdict"] for c in cells} == verdicts  # every node, once, with its verdict
+    assert len(cells) == len(verdicts)
+    for cell in cells:
+        assert cell["colour"] == _rgb(fleet_page.COLOURS[cell["verdict"]]), cell
+        assert cell["width"] > 10 and cell["height"] > 10 and cell["title"].startswith(cell["node"] + ": ")
+    assert doc["counts"] == status["counts"] and doc["rows"] == len(verdicts) and doc["policies"] == ["vllm"]
+    assert requested == [html.as_uri()], "the page fetched something besides itself"
+    assert png.startswith(b"\x89PNG") and len(png) < 400_000
+    if os.environ.get("FIAR_UPDATE_SCREENSHOT"):
+        SCREENSHOT.write_bytes(png)
