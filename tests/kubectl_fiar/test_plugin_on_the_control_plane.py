@@ -439,7 +439,8 @@ async def _render(
                 script = """JSON.stringify({
                   cells: [...document.querySelectorAll('.node')].map(e => { const r = e.getBoundingClientRect();
                     return {node: e.dataset.node, verdict: e.dataset.verdict,
-                            colour: getComputedStyle(e).backgroundColor, width: r.width, height: r.height, title: e.title}; }),
+                            colour: getComputedStyle(e).backgroundColor, width: r.width, height: r.height,
+                            title: e.title}; }),
                   counts: Object.fromEntries([...document.querySelectorAll('#counts [data-verdict]')]
                     .map(e => [e.dataset.verdict, +e.dataset.count])),
                   rows: document.querySelectorAll('table.nodes tbody tr').length,
