@@ -57,6 +57,10 @@ ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
 ANNOTATION_REPROBE: Final = "fiar.io/reprobe"
 """Set by an admin to ask the agent for a new probe; the agent clears it."""
 
+# -- Node condition, written by the agent on its own Node's status only ---------------------------------
+CONDITION_VERIFIED: Final = "FiarAllreduceVerified"
+"""True: the node verified a backend; False: verdict ``none``; Unknown: no verdict (node_agent/condition.py)."""
+
 # -- Pod metadata, written by the operator ------------------------------------------------------------
 LABEL_POD_POLICY: Final = "fiar.io/policy"
 """Name of the FiAllreducePolicy that manages the pod."""

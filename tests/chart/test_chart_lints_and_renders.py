@@ -127,7 +127,7 @@ def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_
     assert sec["capabilities"] == {"drop": ["ALL"]}
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
     policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
-    assert policies == {"fiar-agent-own-node", "fiar-operator-fiar-keys-only"}
+    assert policies == {"fiar-agent-own-node", "fiar-agent-own-node-condition", "fiar-operator-fiar-keys-only"}
     ingress = kinds["NetworkPolicy"][0]["spec"]["ingress"]
     assert [rule["ports"][0]["port"] for rule in ingress] == [9443, 8080]  # nothing else reaches the pods
 
@@ -169,7 +169,9 @@ def test_rbac_grants_no_verb_that_nothing_uses(controlplane_binaries: Any) -> No
     operator = roles["fiar-operator"]
     assert operator[f"{contract.GROUP}/{contract.PLURAL}"] == {"get", "list", "watch"}, "policies are only read"
     assert operator[f"{contract.GROUP}/{contract.PLURAL}/status"] == {"get", "patch"}
-    assert roles["fiar-agent"] == {"core/nodes": {"get", "watch", "patch"}}, "the agent never lists Nodes"
+    assert roles["fiar-agent"] == {"core/nodes": {"get", "watch", "patch"}, "core/nodes/status": {"patch"}}, (
+        "the agent never lists Nodes; it patches its own Node's status for one condition"
+    )
 
 
 def test_the_agent_seeds_its_kernel_cache_by_image_and_needs_no_host_path_by_default(
