@@ -44,7 +44,7 @@ def test_console_script_answers_help(script: str) -> None:
     assert f"usage: {script.replace('-', ' ', 1) if script.startswith('kubectl-') else script}" in proc.stdout
 
 
-@pytest.mark.parametrize("package", ["fiar_operator", "node_agent"])
+@pytest.mark.parametrize("package", ["fiar_operator", "node_agent", "kubectl_fiar"])
 def test_packages_import_from_their_source_folders(package: str) -> None:
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
