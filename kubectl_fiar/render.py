@@ -7,6 +7,7 @@ terminal (``Style``); JSON never has any.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -117,11 +118,22 @@ def status_text(f: Fleet, style: Style, scope: str) -> str:
     return "\n".join(out) + "\n"
 
 
+_SNAKE = re.compile(r"[a-z]+(?:_[a-z]+)+")
+
+
+def _key(name: str) -> str:
+    """A field name as the JSON key (camelCase, as Kubernetes spells them); label keys stay as they are."""
+    if not _SNAKE.fullmatch(name):
+        return name
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {_key(k): _plain(v) for k, v in value.items()}
     return value
 
 
@@ -143,7 +155,7 @@ def status_json(f: Fleet, scope: str) -> dict[str, Any]:
         "policies": [_plain(asdict(p)) for p in f.policies],
         "managedPodsRead": f.pods_seen,
         "stalePods": list(f.stale_pods),
-        "attention": [asdict(a) for a in f.attention],
+        "attention": [_plain(asdict(a)) for a in f.attention],
     }
 
 

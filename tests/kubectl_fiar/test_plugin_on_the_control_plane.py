@@ -223,7 +223,7 @@ def test_status_as_json_has_every_node_and_the_policys_counts(fleet: Fleet) -> N
         and nodes["gb200-nvl72-clique"]["model"] == "NVIDIA GB200"
     )
     assert all(n["probeAgeSeconds"] is not None for n in nodes.values() if not n["name"].startswith("zz-"))
-    assert nodes["zz-deep-report"]["multicast"] == "invalid" and "not JSON" in nodes["zz-deep-report"]["report_problem"]
+    assert nodes["zz-deep-report"]["multicast"] == "invalid" and "not JSON" in nodes["zz-deep-report"]["reportProblem"]
     (policy,) = doc["policies"]
     assert policy["pods"] == {
         "decided": 4,
@@ -251,7 +251,7 @@ def test_why_node_says_what_was_read_which_test_ran_and_where_it_failed(fleet: F
     doc = json.loads(fleet.kubectl_fiar("why", "h200x2-device", "-o", "json").stdout)
     assert (
         doc["node"]["report"]["tests"][1]["backend"] == "trtllm"
-        and round(doc["node"]["report"]["tests"][1]["vs_nccl"], 1) == 0.8
+        and round(doc["node"]["report"]["tests"][1]["vsNccl"], 1) == 0.8
     )
     assert [p["name"] for p in doc["pods"]] == ["vllm-h200x2-device"]
 
