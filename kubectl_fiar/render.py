@@ -101,7 +101,10 @@ def status_text(f: Fleet, style: Style, scope: str) -> str:
         out.append(table(node_rows(nodes, f.now, style)))
     out.append("")
     if f.policies:
-        out += [f"POLICIES (pods as each policy's status counts them, {scope})", table(policy_rows(f.policies))]
+        out += [
+            "POLICIES (pods as each policy's status counts them, in all namespaces)",
+            table(policy_rows(f.policies)),
+        ]
     else:
         out.append("No FiAllreducePolicy: no pod is managed by fiar.")
     out.append("")
@@ -113,6 +116,7 @@ def status_text(f: Fleet, style: Style, scope: str) -> str:
         out.append(
             "Nothing needs attention: every probe is recent and conclusive, every managed pod runs its decision."
         )
+    out.append(f"(managed pods read: {f.pods_seen}, {scope}; nodes without GPUs, not shown: {f.skipped_nodes})")
     out.append("")
     out.append("Why a node got its verdict: kubectl fiar why NODE; what a pod got: kubectl fiar why pod NAMESPACE/NAME")
     return "\n".join(out) + "\n"
