@@ -321,9 +321,9 @@ def why_pod_text(p: PodView, node: NodeView | None, policy: PolicyView | None, n
         if p.decision_problem is not None:
             out.append(f"Decision:  unreadable: {p.decision_problem}")
         else:
-            when = f" at {p.decided_at}" if p.decided_at else ""
+            when = f"{p.decided_at} " if p.decided_at else ""
             out.append(f"Why:       {p.reason}: {REASON_WORDS.get(p.reason, 'a reason this version does not know')}")
-            out.append(f"Decided:   at {p.trigger}{when}, when the node's verdict was {p.node_verdict}")
+            out.append(f"Decided:   {when}(at {p.trigger}), when the node's verdict was {p.node_verdict}")
         if policy is None:
             out.append(f"Policy:    {p.policy} (no such FiAllreducePolicy now)")
         else:
