@@ -256,6 +256,10 @@ class NodeView:
     reason: str
     report_problem: str | None
     """Why the probe report could not be read (None: read, or no verdict and no report)."""
+    condition: str = "-"
+    """The node condition ``FiarAllreduceVerified`` as ``status (reason)``, or ``-`` where the agent wrote none."""
+    condition_differs: bool = False
+    """The condition's status is not the one the verdict label gives (True, False, Unknown)."""
     labels_differ: tuple[str, ...] = ()
     """Verdict labels whose value on the node differs from the report's (someone else wrote them)."""
     report: ReportView | None = None
@@ -317,6 +321,15 @@ def node_record(node: Mapping[str, Any], *, keep_report: bool = False) -> NodeVi
         else ("-" if gpus_raw is None else INVALID)
     )
     probe_time = parse_time(doc.get("probe_time")) if doc is not None else None
+    cond = next(
+        (
+            c
+            for c in _list(_dict(node.get("status")).get("conditions"))[:64]
+            if isinstance(c, dict) and c.get("type") == contract.CONDITION_VERIFIED
+        ),
+        None,
+    )
+    expected = "True" if verdict in contract.BACKENDS else ("False" if verdict == contract.NO_BACKEND else "Unknown")
     return NodeView(
         name=name,
         verdict=verdict,
@@ -329,6 +342,8 @@ def node_record(node: Mapping[str, Any], *, keep_report: bool = False) -> NodeVi
         status=report.status or "-" if report is not None else "-",
         reason=_verdict_reason(verdict, report, problem),
         report_problem=problem if (doc is None and (verdict != UNPROBED or problem != "no probe report")) else None,
+        condition=f"{clean(cond.get('status'), 10)} ({clean(cond.get('reason'), 40)})" if cond is not None else "-",
+        condition_differs=cond is not None and cond.get("status") != expected,
         labels_differ=differ,
         report=report if keep_report else None,
     )
@@ -557,6 +572,14 @@ def node_attention(node: NodeView, now: float, max_age_s: float) -> list[Attenti
                 "labels",
                 node.name,
                 f"labels {', '.join(node.labels_differ)} differ from the probe report: written by someone else?",
+            )
+        )
+    if node.condition_differs:
+        found.append(
+            Attention(
+                "labels",
+                node.name,
+                f"condition {contract.CONDITION_VERIFIED} {node.condition} disagrees with verdict {node.verdict}",
             )
         )
     if node.report_problem is not None and node.report_problem != "no probe report":

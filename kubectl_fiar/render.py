@@ -244,6 +244,7 @@ def why_node_text(n: NodeView, pods: Sequence[PodView], now: float, style: Style
     out = [f"Node {n.name}: {style.paint(n.verdict, n.verdict)} ({VERDICT_WORDS[n.verdict]})"]
     labels = ", ".join(f"{b} {n.results[b]}" for b in contract.BACKENDS)
     out.append(f"Labels: multicast {n.multicast}, {labels}, GPUs {n.gpus}, clique {n.clique}")
+    out.append(f"Condition {contract.CONDITION_VERIFIED}: {n.condition}")
     r = n.report
     if r is None:
         out.append(f"Probe report: {n.report_problem or 'none'}")

@@ -218,3 +218,18 @@ def test_ages_read_as_kubectl_writes_them() -> None:
         "47h",
         "2d",
     ]
+
+
+def test_a_condition_that_disagrees_with_the_verdict_label_needs_attention() -> None:
+    def with_condition(status: str) -> dict[str, Any]:
+        doc = node("n", {contract.LABEL_BACKEND: "trtllm"}, report(labels={contract.LABEL_BACKEND: "trtllm"}))
+        doc["status"] = {"conditions": [{"type": contract.CONDITION_VERIFIED, "status": status, "reason": "R"}]}
+        return doc
+
+    agrees, differs = model.node_record(with_condition("True")), model.node_record(with_condition("False"))
+    assert agrees is not None and differs is not None
+    assert (agrees.condition, agrees.condition_differs, differs.condition_differs) == ("True (R)", False, True)
+    assert [a.kind for a in model.fleet([agrees], [], [], now=NOW).attention] == []
+    assert [a.message for a in model.fleet([differs], [], [], now=NOW).attention] == [
+        f"condition {contract.CONDITION_VERIFIED} False (R) disagrees with verdict trtllm"
+    ]

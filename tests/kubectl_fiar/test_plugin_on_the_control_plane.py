@@ -222,7 +222,16 @@ def test_status_as_json_has_every_node_and_the_policys_counts(fleet: Fleet) -> N
         nodes["gb200-nvl72-clique"]["clique"].endswith(".32766")
         and nodes["gb200-nvl72-clique"]["model"] == "NVIDIA GB200"
     )
-    assert all(n["probeAgeSeconds"] is not None for n in nodes.values() if not n["name"].startswith("zz-"))
+    probed = [n for n in nodes.values() if not n["name"].startswith("zz-")]
+    assert all(n["probeAgeSeconds"] is not None for n in probed)
+    # every agent wrote the node condition in step with its labels
+    expected = {
+        "mnnvl": "True (BackendVerified)",
+        "trtllm": "True (BackendVerified)",
+        "none": "False (NoBackendVerified)",
+    }
+    assert {n["name"]: n["condition"] for n in probed} == {n["name"]: expected[n["verdict"]] for n in probed}
+    assert not any(n["conditionDiffers"] for n in nodes.values())
     assert nodes["zz-deep-report"]["multicast"] == "invalid" and "not JSON" in nodes["zz-deep-report"]["reportProblem"]
     (policy,) = doc["policies"]
     assert policy["pods"] == {
