@@ -21,6 +21,7 @@ WORKDIR /src
 COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
+COPY kubectl_fiar ./kubectl_fiar
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python3 -m venv /opt/fiar \
@@ -68,6 +69,7 @@ WORKDIR /src
 COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
 COPY operator ./operator
 COPY node_agent ./node_agent
+COPY kubectl_fiar ./kubectl_fiar
 # FlashInfer comes pinned by pyproject's `gpu` extra: the version the agent has run on a GPU
 # (BENCHMARKS.md, Node agent) and the one vLLM 0.33.0 pins, so the agent verifies the kernels the
 # fleet's pods load. A fleet on another vLLM release changes that pin to its release's

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)/tools
 
-.PHONY: venv controlplane realnode-deps realnode demo up down test lint typecheck check clean
+.PHONY: venv controlplane realnode-deps browser-deps realnode demo up down test lint typecheck check clean
 
 # Debian packages of tier D (a real kubelet node, and images built without Docker).
 REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap
@@ -30,6 +30,18 @@ realnode-deps:  ## install tier D's Debian packages when root with apt-get (else
 	    || echo "realnode-deps: apt-get failed; tier-D tests will skip (or fail where FIAR_REQUIRE_REALNODE is set)"; \
 	else echo "realnode-deps: not root or no apt-get; tier-D tests will skip (missing: $$missing)"; fi
 
+# The headless browser that renders `kubectl fiar report --html` in its test (tests/kubectl_fiar).
+BROWSER_DEBS := chromium
+
+browser-deps:  ## install headless Chromium when root with apt-get (else the HTML page test skips, saying why)
+	@missing=$$(for p in $(BROWSER_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
+	    || echo "browser-deps: apt-get failed; the HTML page test will skip (or fail where FIAR_REQUIRE_REALNODE is set)"; \
+	else echo "browser-deps: not root or no apt-get; the HTML page test will skip (missing: $$missing)"; fi
+
 realnode: controlplane realnode-deps  ## tier D: the kubelet and the images (operator, agent-sim, vLLM stand-in, pause), cached
 	$(PY) -m devcluster build --realnode
 
@@ -44,12 +56,12 @@ down: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check operator node_agent tools fiar_contract.py fiar_kube.py
+	$(VENV)/bin/ruff format --check operator node_agent kubectl_fiar tools fiar_contract.py fiar_kube.py
 
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: controlplane realnode  ## the whole suite: lint, types, unit tests and tests against the real control plane
+test: controlplane realnode browser-deps  ## the whole suite: lint, types, unit tests and tests against the real control plane
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest

@@ -7,7 +7,8 @@ for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything 
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Literal
 
 PREFIX: Final = "fiar.io/"
 
@@ -55,6 +56,10 @@ ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
 """Versioned JSON report of the last probe (written by the agent)."""
 ANNOTATION_REPROBE: Final = "fiar.io/reprobe"
 """Set by an admin to ask the agent for a new probe; the agent clears it."""
+
+# -- Node condition, written by the agent on its own Node's status only ---------------------------------
+CONDITION_VERIFIED: Final = "FiarAllreduceVerified"
+"""True: the node verified a backend; False: verdict ``none``; Unknown: no verdict (node_agent/condition.py)."""
 
 # -- Pod metadata, written by the operator ------------------------------------------------------------
 LABEL_POD_POLICY: Final = "fiar.io/policy"
@@ -129,6 +134,21 @@ def backend_value(raw: object) -> Backend | None:
 def verdict_value(raw: object) -> Verdict | None:
     """``raw`` (a ``fiar.io/backend`` label) as a verdict, or None when absent or not one of ours."""
     return next((v for v in BACKEND_VERDICTS if v == raw), None)
+
+
+def runs_an_older_decision(decision: Mapping[str, Any] | None, container_starts: Iterable[str]) -> bool:
+    """Whether a running container started before the pod's backend (or fusion) last changed: it still
+    runs the old value (``fiar.io/decision`` of trigger ``reconcile``; ``container_starts``: the
+    ``startedAt`` of the running containers). Read by the operator (status ``stale``) and ``kubectl fiar``."""
+    doc = decision
+    if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
+        return False
+    if doc.get("previous") == doc.get("backend") and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion"):
+        return False
+    # Both times have one-second resolution; a start in the same second as the change counts as
+    # before it, so a pod is never reported current while it may still run the old value.
+    decided = str(doc["time"])[:19]
+    return any(str(started)[:19] <= decided for started in container_starts)
 
 
 # -- Custom resource -----------------------------------------------------------------------------------

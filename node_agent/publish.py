@@ -19,6 +19,7 @@ the generated API classes are not used (they would roughly double the resident m
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,8 +30,10 @@ import fiar_contract as contract
 import fiar_kube as kube
 from fiar_kube import Backoff as Backoff  # the daemon's retries use the same backoff
 from node_agent import __version__
+from node_agent import condition as condition_mod
 from node_agent.errors import ApiUnavailable, ConfigError, PublishError, publish_error
 
+log = logging.getLogger("fiar-agent")
 MERGE_PATCH = kube.STRATEGIC_MERGE_PATCH
 POOL_SIZE: Final = 2
 """Connections per thread's client: the agent makes one call at a time on each."""
@@ -53,6 +56,8 @@ class NodeState:
     labels: dict[str, str]
     annotations: dict[str, str]
     resource_version: str | None = None
+    verified_condition: Mapping[str, Any] | None = None
+    """The Node's ``FiarAllreduceVerified`` condition (``node_agent.condition``), if it has one."""
 
     @property
     def reprobe(self) -> str | None:
@@ -61,7 +66,14 @@ class NodeState:
 
 def _state(node: Mapping[str, Any]) -> NodeState:
     meta = node.get("metadata") or {}
-    return NodeState(dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}), meta.get("resourceVersion"))
+    raw_status = node.get("status")
+    status: Mapping[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+    return NodeState(
+        dict(meta.get("labels") or {}),
+        dict(meta.get("annotations") or {}),
+        meta.get("resourceVersion"),
+        condition_mod.current(status.get("conditions")),
+    )
 
 
 class NodePublisher:
@@ -83,13 +95,15 @@ class NodePublisher:
             self._local.transport = transport
         return transport
 
-    def _request(self, method: str, body: Any = None, content_type: str | None = None) -> Any:
+    def _request(self, method: str, body: Any = None, content_type: str | None = None, sub: str = "") -> Any:
         timeout = (min(5.0, self._timeout), self._timeout)
-        return self._transport().request(method, self._path, body=body, content_type=content_type, timeout=timeout)
+        return self._transport().request(
+            method, self._path + sub, body=body, content_type=content_type, timeout=timeout
+        )
 
-    def _call(self, method: str, *, body: Any = None, content_type: str | None = None) -> Any:
+    def _call(self, method: str, *, body: Any = None, content_type: str | None = None, sub: str = "") -> Any:
         try:
-            return self._request(method, body, content_type)
+            return self._request(method, body, content_type, sub)
         except Exception as exc:
             raise publish_error(exc) from exc
 
@@ -108,12 +122,27 @@ class NodePublisher:
         return patch
 
     def publish(self, labels: Mapping[str, str], report_text: str) -> dict[str, str | None]:
-        """Write ``labels`` and the report to the own Node; returns the label changes made."""
+        """Write ``labels`` and the report to the own Node, then the condition that mirrors them on its
+        status; returns the label changes made."""
         current = self.read()
         patch = self.label_patch(current.labels, labels)
         body = {"metadata": {"labels": patch, "annotations": {contract.ANNOTATION_PROBE_REPORT: report_text}}}
         self._call("PATCH", body=body, content_type=MERGE_PATCH)
+        self.write_condition(condition_mod.condition(labels, report_text, time.time(), current.verified_condition))
         return patch
+
+    def write_condition(self, cond: Mapping[str, str]) -> bool:
+        """Set the ``FiarAllreduceVerified`` condition on the own Node's status (a strategic merge by
+        ``type``: the kubelet's conditions stay). A refusal (a chart without ``nodes/status`` in the
+        agent's role) is logged and leaves the labels, which are written already; False then."""
+        try:
+            self._request("PATCH", {"status": {"conditions": [dict(cond)]}}, MERGE_PATCH, "/status")
+        except kube.Rejected as exc:
+            log.warning("node %s: condition %s not written: %s", self.node_name, contract.CONDITION_VERIFIED, exc)
+            return False
+        except Exception as exc:
+            raise publish_error(exc) from exc
+        return True
 
     def clear_reprobe(self, value: str, attempts: int = 5) -> bool:
         """Remove ``fiar.io/reprobe`` if it still holds ``value``; False if it changed meanwhile.

@@ -147,15 +147,7 @@ def _change(record: PodRecord, decision: decide.Decision) -> str:
 
 def is_stale(record: PodRecord) -> bool:
     """Whether a running container started before the pod's backend last changed (it runs the old value)."""
-    doc = record.decision
-    if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
-        return False
-    if doc.get("previous") == doc.get("backend") and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion"):
-        return False
-    # Both times have one-second resolution; a start in the same second as the change counts as
-    # before it, so a pod is never reported current while it may still run the old value.
-    decided = str(doc["time"])[:19]
-    return any(started[:19] <= decided for started in record.container_starts.values())
+    return contract.runs_an_older_decision(record.decision, record.container_starts.values())
 
 
 def multi_node_warning(record: PodRecord, policy: Policy) -> str | None:

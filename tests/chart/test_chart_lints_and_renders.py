@@ -127,8 +127,9 @@ def test_defaults_render_the_operator_the_agent_and_their_security(controlplane_
     assert sec["capabilities"] == {"drop": ["ALL"]}
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
     policies = {p["metadata"]["name"] for p in kinds["ValidatingAdmissionPolicy"]}
-    assert policies == {"fiar-agent-own-node", "fiar-operator-fiar-keys-only", "fiar-operator-webhook-conditions-only",
-                        "fiar-operator-crd-schema-only", "fiar-pod-annotation-values"}
+    assert policies == {"fiar-agent-own-node", "fiar-agent-own-node-condition", "fiar-operator-fiar-keys-only",
+                        "fiar-operator-webhook-conditions-only", "fiar-operator-crd-schema-only",
+                        "fiar-pod-annotation-values"}
     bindings = {b["spec"]["policyName"] for b in kinds["ValidatingAdmissionPolicyBinding"]}
     assert bindings == policies, "every policy is bound"
     ingress = kinds["NetworkPolicy"][0]["spec"]["ingress"]
@@ -172,7 +173,9 @@ def test_rbac_grants_no_verb_that_nothing_uses(controlplane_binaries: Any) -> No
     operator = roles["fiar-operator"]
     assert operator[f"{contract.GROUP}/{contract.PLURAL}"] == {"get", "list", "watch"}, "policies are only read"
     assert operator[f"{contract.GROUP}/{contract.PLURAL}/status"] == {"get", "patch"}
-    assert roles["fiar-agent"] == {"core/nodes": {"get", "watch", "patch"}}, "the agent never lists Nodes"
+    assert roles["fiar-agent"] == {"core/nodes": {"get", "watch", "patch"}, "core/nodes/status": {"patch"}}, (
+        "the agent never lists Nodes; it patches its own Node's status for one condition"
+    )
 
 
 def test_the_agent_seeds_its_kernel_cache_by_image_and_needs_no_host_path_by_default(

@@ -348,3 +348,83 @@ def test_fresh_install_with_a_default_policy_beside_another_tools_peering_crd(pr
         assert policy["spec"]["backends"] == ["mnnvl", "trtllm"]
         crd = client.ApiextensionsV1Api(api).read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
         assert crd.metadata.labels == {"app.kubernetes.io/managed-by": "another-operator"}
+
+
+# -- the verdict as a node condition ----------------------------------------------------------------------
+NODE_STATUS_EXEMPT = {"conditions"}
+"""NodeStatus fields the agent's condition policy does not hold equal: only the conditions, whose own
+rule keeps every condition but FiarAllreduceVerified as it was."""
+
+
+def _fiar_condition(status: str = "True", reason: str = "BackendVerified", message: str = "trtllm verified") -> Any:
+    return {"type": contract.CONDITION_VERIFIED, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": "2026-12-02T07:00:00Z", "lastTransitionTime": "2026-12-02T07:00:00Z"}
+
+
+def test_agent_token_may_set_only_the_fiar_condition_of_its_own_nodes_status(
+    installed: ControlPlane, tmp_path: Path, unique: str
+) -> None:
+    node, other = f"gpu-s-{unique}", f"gpu-t-{unique}"
+    for name in (node, other):
+        installed.add_node(name, labels={"nvidia.com/gpu.present": "true"})
+    token = token_for(installed, "fiar-agent", _agent_pod_on(installed, node))
+    with installed.api_client() as admin_api:
+        admin = client.CoreV1Api(admin_api)
+        wait_for(lambda: admin.read_node(node).status.conditions, 30, "kwok's conditions on the node")
+        before = admin.read_node(node)
+        with identity_client(installed, tmp_path, "agent-status", token) as agent_api:
+            agent = client.CoreV1Api(agent_api)
+
+            def refused_on_other(dry_run: bool = True) -> bool:
+                try:
+                    agent.patch_node_status(other, {"status": {"conditions": [_fiar_condition()]}},
+                                            dry_run="All" if dry_run else None)
+                except ApiException as exc:
+                    return exc.status == 403 and "status of the Node its pod runs on" in exc.body
+                return False
+
+            wait_for(refused_on_other, 30, "the own-node condition policy")
+            assert refused_on_other(dry_run=False)
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition()]}})
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition("False", "NoBackendVerified")]}})
+            other_type = {**_fiar_condition(), "type": "GpuNvlinkWatch"}
+            ready = next(c for c in before.status.conditions if c.type == "Ready")
+            cases = [
+                ({"conditions": [other_type]}, "no node condition but FiarAllreduceVerified"),
+                ({"conditions": [{"type": "Ready", "status": "False", "reason": "Evil", "message": "x",
+                                  "lastHeartbeatTime": ready.last_heartbeat_time.isoformat(),
+                                  "lastTransitionTime": ready.last_transition_time.isoformat()}]},
+                 "no node condition but FiarAllreduceVerified"),
+                ({"conditions": [{"type": "Ready", "$patch": "delete"}]},
+                 "no node condition but FiarAllreduceVerified"),
+                ({"conditions": [_fiar_condition(status="Maybe")]}, "needs status True, False or Unknown"),
+                ({"conditions": [_fiar_condition(reason="Whatever")]}, "needs status True, False or Unknown"),
+                ({"conditions": [_fiar_condition(message="x" * 1025)]}, "needs status True, False or Unknown"),
+                ({"capacity": {"nvidia.com/gpu": "64"}}, "nothing in a Node's status but"),
+                ({"allocatable": {"cpu": "1"}}, "nothing in a Node's status but"),
+                ({"addresses": [{"type": "InternalIP", "address": "10.9.9.9"}]}, "nothing in a Node's status but"),
+                ({"nodeInfo": {"kubeletVersion": "v0.0.0-evil"}}, "nothing in a Node's status but"),
+            ]
+            for status, message in cases:
+                _refused(lambda s=status: agent.patch_node_status(node, {"status": s}), message)
+            _refused(lambda: agent.patch_node_status(node, {"metadata": {"labels": {"example.com/x": "y"}},
+                                                             "status": {"conditions": [_fiar_condition()]}}),
+                     "no metadata and no spec through a Node's status")
+        after = admin.read_node(node)
+        kinds = {c.type: c for c in after.status.conditions}
+        assert kinds[contract.CONDITION_VERIFIED].status == "False"
+        assert "GpuNvlinkWatch" not in kinds and kinds["Ready"].status == ready.status
+        assert after.status.capacity == before.status.capacity and after.status.addresses == before.status.addresses
+        assert "example.com/x" not in (after.metadata.labels or {})
+        assert contract.CONDITION_VERIFIED not in {c.type for c in admin.read_node(other).status.conditions or []}
+
+
+def test_the_condition_policy_holds_every_other_field_of_node_status_equal(installed: ControlPlane) -> None:
+    spec = json.loads(kubectl(installed.kubeconfig, "get", "--raw", "/openapi/v3/api/v1").stdout)
+    with installed.api_client() as api:
+        policy = client.AdmissionregistrationV1Api(api).read_validating_admission_policy(
+            "fiar-agent-own-node-condition")
+    fields = set(spec["components"]["schemas"]["io.k8s.api.core.v1.NodeStatus"]["properties"])
+    expressions = " ".join(v.expression for v in policy.spec.validations)
+    held = {f for f in fields if f"object.status.?{f} == oldObject.status.?{f}" in expressions}
+    assert fields - held == NODE_STATUS_EXEMPT, f"not compared: {sorted(fields - held - NODE_STATUS_EXEMPT)}"

@@ -94,10 +94,23 @@ def test_agent_and_operator_with_chart_identities_give_a_vllm_pod_its_nodes_veri
             report = json.loads(core.read_node(node).metadata.annotations[contract.ANNOTATION_PROBE_REPORT])
             assert report["labels"] == {k: v for k, v in labels.items() if k.startswith(contract.PREFIX)}
 
+            # The same publish sets the verdict as a node condition, through nodes/status.
+            def verified_condition() -> Any:
+                conditions = core.read_node(node).status.conditions or []
+                return next((c for c in conditions if c.type == contract.CONDITION_VERIFIED), None)
+
+            condition = wait_for(verified_condition, 30, "the agent's node condition")
+            assert (condition.status, condition.reason) == ("True", "BackendVerified")
+            assert condition.message.startswith("trtllm verified: trtllm passed")
+            assert "\n" not in condition.message and len(condition.message) <= 300
+
             # An admin asks for a new probe; the agent may clear the request (a fiar.io/ annotation).
             core.patch_node(node, {"metadata": {"annotations": {contract.ANNOTATION_REPROBE: "now"}}})
             wait_for(lambda: contract.ANNOTATION_REPROBE not in (core.read_node(node).metadata.annotations or {}),
                      60, "the agent clearing fiar.io/reprobe")
+            again = verified_condition()  # republished: same status, so the same transition time
+            assert again.status == "True" and again.last_transition_time == condition.last_transition_time
+            assert {c.type for c in core.read_node(node).status.conditions} >= {"Ready", contract.CONDITION_VERIFIED}
 
             # 2. The operator, as the chart's operator account, serves the chart's webhooks.
             operator.wait_ready(60)

@@ -36,15 +36,15 @@ def test_asyncio_imports_from_the_repository_root() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", ["fiar-operator", "fiar-agent"])
+@pytest.mark.parametrize("script", ["fiar-operator", "fiar-agent", "kubectl-fiar"])
 def test_console_script_answers_help(script: str) -> None:
     exe = Path(sys.executable).parent / script
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert f"usage: {script}" in proc.stdout
+    assert f"usage: {script.replace('-', ' ', 1) if script.startswith('kubectl-') else script}" in proc.stdout
 
 
-@pytest.mark.parametrize("package", ["fiar_operator", "node_agent"])
+@pytest.mark.parametrize("package", ["fiar_operator", "node_agent", "kubectl_fiar"])
 def test_packages_import_from_their_source_folders(package: str) -> None:
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
@@ -81,7 +81,12 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
-    [("operator/fiar_operator", "node_agent"), ("node_agent", "fiar_operator")],
+    [
+        ("operator/fiar_operator", "node_agent"),
+        ("node_agent", "fiar_operator"),
+        ("operator/fiar_operator", "kubectl_fiar"),
+        ("node_agent", "kubectl_fiar"),
+    ],
 )
 def test_neither_package_imports_the_other(folder: str, forbidden: str) -> None:
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*.py") if forbidden in _imports(p)]
@@ -91,3 +96,9 @@ def test_neither_package_imports_the_other(folder: str, forbidden: str) -> None:
 @pytest.mark.parametrize("module", ["fiar_contract", "fiar_kube"])
 def test_shared_modules_import_neither_package(module: str) -> None:
     assert not {"fiar_operator", "node_agent"} & _imports(ROOT / f"{module}.py")
+
+
+def test_the_kubectl_plugin_imports_only_the_shared_modules() -> None:
+    """kubectl fiar reads what the agent and the operator write through the contract, never their code."""
+    found = set().union(*(_imports(p) for p in (ROOT / "kubectl_fiar").rglob("*.py")))
+    assert not {"fiar_operator", "node_agent", "devcluster"} & found

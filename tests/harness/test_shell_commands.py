@@ -70,6 +70,11 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
         # the NVL-bridge board: trtllm passed but is slower than NCCL -> fusion off, trtllm (never auto)
         assert rows["h200nvl-bridge-null-multicast"][5] == "none"
         assert rows["h200nvl-bridge-null-multicast"][7:] == ["trtllm", "off", "NotVerified"]
+        # the kubectl fiar command printed next to the table shows the same fleet
+        printed = next(line for line in demo.stdout.splitlines() if " fiar status --kubeconfig " in line)
+        shown = subprocess.run(printed.strip(), shell=True, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("7 GPU nodes: mnnvl 2, trtllm 2, none 3\n"), shown.stdout[:500]
         pids = _pids(tmp_path)
         assert len(pids) >= 5 + 2 + 1  # plane, at least two agents, the operator
         for name in ("fiar-operator", "agent-h200x2-host"):

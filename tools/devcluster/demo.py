@@ -242,6 +242,9 @@ def run(plane: ControlPlane) -> None:
     print()
     print(table(plane))
     print()
+    print("The same on any cluster, with why each node got its verdict and what needs attention (kubectl plugin):")
+    print(f"  PATH={BIN}:$PATH {build.binary_path('kubectl')} fiar status --kubeconfig {plane.kubeconfig}")
+    print()
     print("Nodes with verdict none verify no backend: their pods run with vLLM's FlashInfer allreduce fusion off")
     print("(where vLLM's own guess crashes or crawls), and with trtllm where the node's trtllm test passed, so a")
     print("container whose command fiar cannot change still runs. `placement: VerifiedNodesOnly` keeps pods off them.")
@@ -249,6 +252,11 @@ def run(plane: ControlPlane) -> None:
     kubectl = build.binary_path("kubectl")
     print(f"export KUBECONFIG={plane.kubeconfig}")
     print(f"{kubectl} get nodes -L {','.join(LABEL_COLUMNS)}")
+    print(f"export PATH={BIN}:$PATH   # kubectl finds its plugin kubectl-fiar here")
+    print(f"{kubectl} fiar status                # nodes by verdict, policies, what needs attention first")
+    print(f"{kubectl} fiar why <node>            # the node's probe report in words")
+    print(f"{kubectl} fiar why pod {NAMESPACE}/<pod>  # what a pod got, from which node facts and policy")
+    print(f"{kubectl} fiar report --html fleet.html   # one self-contained page of the fleet")
     print(f"{kubectl} get fiarp -o wide")
     print(
         f"{kubectl} -n {NAMESPACE} get pods -o custom-columns="

@@ -37,7 +37,15 @@ DEBIAN_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 BASE_NAME = "localhost/fiar-debian-python"
 
-DOCKERFILE_CONTEXT = ("pyproject.toml", "README.md", "fiar_contract.py", "fiar_kube.py", "operator", "node_agent")
+DOCKERFILE_CONTEXT = (
+    "pyproject.toml",
+    "README.md",
+    "fiar_contract.py",
+    "fiar_kube.py",
+    "operator",
+    "node_agent",
+    "kubectl_fiar",
+)
 """What the Dockerfile copies into its images (besides the Dockerfile itself)."""
 
 DOCKERFILE_IMAGES = {"operator": "localhost/fiar-operator", "agent-sim": "localhost/fiar-agent-sim"}

@@ -1,0 +1,5 @@
+import sys
+
+from kubectl_fiar.cli import main
+
+sys.exit(main())
