@@ -8,6 +8,7 @@ for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 PREFIX: Final = "fiar.io/"
@@ -30,6 +31,12 @@ LABEL_BACKEND: Final = "fiar.io/backend"
 """The verified recommendation: one of BACKEND_VERDICTS."""
 LABEL_MULTICAST: Final = "fiar.io/multicast"
 """One of MULTICAST_STATES."""
+LABEL_MULTICAST_USABLE: Final = "fiar.io/multicast-usable"
+"""One of MULTICAST_USABLE_STATES: whether every consumer of NVLink multicast (FlashInfer's mnnvl, NCCL's
+NVLS, PyTorch's symmetric memory, NVSHMEM) may use it on this node; the multicast guard reads it."""
+LABEL_MNNVL_WORKSPACE: Final = "fiar.io/mnnvl-workspace"
+"""How the mnnvl smoke test's workspace creation ended (one of MNNVL_WORKSPACE_STATES); absent when the
+test did not get as far as creating one. What an engine's own workspace creation does on the node."""
 
 
 def result_label(backend: Backend) -> str:
@@ -49,7 +56,15 @@ LABEL_CLIQUE: Final = "fiar.io/clique"
 LABEL_GFD_CLIQUE: Final = "nvidia.com/gpu.clique"
 """The same ``<clusterUUID>.<cliqueId>``, written by NVIDIA GPU Feature Discovery; read, never written."""
 
-AGENT_LABELS: Final = (LABEL_BACKEND, LABEL_MULTICAST, *RESULT_LABELS, LABEL_GPUS, LABEL_CLIQUE)
+AGENT_LABELS: Final = (
+    LABEL_BACKEND,
+    LABEL_MULTICAST,
+    LABEL_MULTICAST_USABLE,
+    LABEL_MNNVL_WORKSPACE,
+    *RESULT_LABELS,
+    LABEL_GPUS,
+    LABEL_CLIQUE,
+)
 
 # -- Node annotations ---------------------------------------------------------------------------------
 ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
@@ -91,20 +106,61 @@ IMEX_CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
 Fusion = Literal["on", "off"]
 """on: the container's own fusion settings (vLLM's default unless it sets them); off: fiar turns it off."""
 Multicast = Literal["supported", "unsupported", "disabled", "unknown"]
+MulticastUsable = Literal["verified", "broken", "absent", "forbidden", "unknown"]
+"""verified: the mnnvl test passed; broken: the GPUs say multicast is supported, but the mnnvl test failed
+or the NVLink fabric is not complete; absent: the GPUs or the driver have no multicast; forbidden: the
+host policy turns it off; unknown: not proved either way (node_agent/verdict.py ``multicast_usable``)."""
+MnnvlWorkspace = Literal["created", "null-mc-ptr", "refused"]
+"""created: every rank got a workspace with a multicast pointer; null-mc-ptr: a workspace came back with
+a null multicast pointer; refused: creating it raised an error."""
 TestResult = Literal["pass", "fail", "timeout", "skipped"]
 
 BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = (*BACKENDS, NO_BACKEND)
 ENV_VALUES: Final[tuple[EnvValue, ...]] = (AUTO, *reversed(BACKENDS))
 """``auto`` first, then the backends from the least preferred (the order the CRD lists them)."""
 MULTICAST_STATES: Final[tuple[Multicast, ...]] = ("supported", "unsupported", "disabled", "unknown")
+MULTICAST_USABLE_STATES: Final[tuple[MulticastUsable, ...]] = ("verified", "broken", "absent", "forbidden", "unknown")
+MULTICAST_VERIFIED: Final = "verified"
+MNNVL_WORKSPACE_STATES: Final[tuple[MnnvlWorkspace, ...]] = ("created", "null-mc-ptr", "refused")
 TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
 FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
 ALLREDUCE_USE_FLASHINFER: Final[dict[Fusion, str]] = {"on": "1", "off": "0"}
+
+
+@dataclass(frozen=True)
+class GuardVariable:
+    """One consumer of NVLink multicast and the variable that keeps it off (docs/multicast-guard.md)."""
+
+    env: str
+    annotation: str
+    """The pod annotation the injected variable reads through a fieldRef."""
+    off: str
+    """The value that keeps the consumer off multicast."""
+    own: str
+    """The value that leaves the consumer on its own default (what an unset variable does)."""
+    consumer: str
+
+
+MULTICAST_GUARD: Final[tuple[GuardVariable, ...]] = (
+    GuardVariable("NCCL_NVLS_ENABLE", PREFIX + "nccl-nvls-enable", "0", "", "NCCL NVLS (NVLink SHARP)"),
+    GuardVariable(
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+        PREFIX + "torch-symm-mem-disable-multicast",
+        "1",
+        "0",
+        "PyTorch symmetric memory (and vLLM's symmetric-memory allreduce)",
+    ),
+    GuardVariable("NVSHMEM_DISABLE_NVLS", PREFIX + "nvshmem-disable-nvls", "1", "0", "NVSHMEM NVLS"),
+)
+"""The multicast guard: one row per consumer. A container bound to a node whose multicast is not
+``verified`` reads ``off``; elsewhere ``own``. A new consumer is one row here."""
+GUARD_ENV: Final = frozenset(g.env for g in MULTICAST_GUARD)
 
 POD_ANNOTATION_VALUES: Final[dict[str, frozenset[str]]] = {
     ANNOTATION_POD_BACKEND: frozenset(ENV_VALUES),
     ANNOTATION_POD_FUSE_ALLREDUCE_RMS: frozenset(FUSE_ALLREDUCE_RMS.values()),
     ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: frozenset(ALLREDUCE_USE_FLASHINFER.values()),
+    **{g.annotation: frozenset({g.off, g.own}) for g in MULTICAST_GUARD},
 }
 """Every ``fiar.io/`` pod annotation a container reads (through a fieldRef env var, and from there
 into its command line or a shell), with the only values it may hold. The chart's admission policy
@@ -119,11 +175,7 @@ def pod_annotation_value(key: str, raw: object) -> str | None:
 
 
 # Host-policy variables: any of these set to its value means "multicast is disabled by the host".
-HOST_POLICY_ENV: Final = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+HOST_POLICY_ENV: Final = {g.env: g.off for g in MULTICAST_GUARD}
 
 
 def backend_value(raw: object) -> Backend | None:
@@ -137,13 +189,17 @@ def verdict_value(raw: object) -> Verdict | None:
 
 
 def runs_an_older_decision(decision: Mapping[str, Any] | None, container_starts: Iterable[str]) -> bool:
-    """Whether a running container started before the pod's backend (or fusion) last changed: it still
+    """Whether a running container started before the pod's backend (or fusion, or guard) last changed: it still
     runs the old value (``fiar.io/decision`` of trigger ``reconcile``; ``container_starts``: the
     ``startedAt`` of the running containers). Read by the operator (status ``stale``) and ``kubectl fiar``."""
     doc = decision
     if not doc or doc.get("trigger") != "reconcile" or not doc.get("time"):
         return False
-    if doc.get("previous") == doc.get("backend") and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion"):
+    if (
+        doc.get("previous") == doc.get("backend")
+        and doc.get("previousFusion", doc.get("fusion")) == doc.get("fusion")
+        and doc.get("previousGuard", doc.get("guard")) == doc.get("guard")
+    ):
         return False
     # Both times have one-second resolution; a start in the same second as the change counts as
     # before it, so a pod is never reported current while it may still run the old value.

@@ -13,6 +13,17 @@ Labels (values are exactly those of ``fiar_contract``):
     ``cuMulticastCreate``, or the mnnvl workspace came up with a null multicast pointer;
     ``supported`` only when the mnnvl test passed; ``unknown`` otherwise (the attribute is
     necessary, not sufficient).
+``fiar.io/multicast-usable``
+    whether every consumer of NVLink multicast may use it (``multicast_usable``): ``forbidden`` by the
+    host policy; ``unknown`` when the GPUs could not be read; ``absent`` when a GPU's
+    ``CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`` reads 0 or libcuda lacks ``cuMulticastCreate``;
+    ``verified`` when the mnnvl test passed on a complete fabric; ``broken`` when the attribute reads 1
+    but the mnnvl test failed, or a GPU's NVLink fabric is not complete (NVSwitch hosts whose fabric
+    manager is down: NCCL aborts binding NVLS memory there); ``unknown`` otherwise.
+``fiar.io/mnnvl-workspace``
+    how the mnnvl test's workspace creation ended (``mnnvl_workspace``): ``created``, ``null-mc-ptr``
+    or ``refused`` (it raised); absent when the test never got to it or crashed in it. An engine that
+    creates the same workspace meets the same end on this node.
 ``fiar.io/mnnvl``, ``fiar.io/trtllm``
     the smoke-test result: ``pass``, ``fail``, ``timeout`` or ``skipped``.
 ``fiar.io/gpus``
@@ -51,14 +62,20 @@ import fiar_contract as contract
 from node_agent import backends
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
-from node_agent.smoke.outcome import KIND_NULL_MC_PTR, SmokeOutcome
+from node_agent.smoke.outcome import KIND_ERROR, KIND_NULL_MC_PTR, SmokeOutcome
 
 DEFAULT_BENCH_MARGIN = 0.10
 """A backend whose geometric-mean latency is more than 10% above plain NCCL's is not recommended."""
 
 Status = Literal["ok", "degraded"]
 
-VERDICT_LABELS = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, *contract.RESULT_LABELS)
+VERDICT_LABELS = (
+    contract.LABEL_BACKEND,
+    contract.LABEL_MULTICAST,
+    contract.LABEL_MULTICAST_USABLE,
+    contract.LABEL_MNNVL_WORKSPACE,
+    *contract.RESULT_LABELS,
+)
 """The labels a smoke test decides; ``fiar.io/gpus`` and ``fiar.io/clique`` are read from NVML."""
 
 
@@ -172,6 +189,56 @@ def multicast_state(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutco
         "unknown",
         "multicast unknown: the device attribute reads 1 (necessary, not sufficient) and no mnnvl test proved it",
     )
+
+
+@dataclass(frozen=True)
+class UsableFinding:
+    state: contract.MulticastUsable
+    reason: str
+
+
+def _incomplete_fabric(inv: Inventory) -> list[int]:
+    """GPUs that report an NVLink fabric (NVSwitch) that is not COMPLETED with status success."""
+    return [g.index for g in inv.gpus if g.fabric is not None and not g.fabric.completed]
+
+
+def multicast_usable(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutcome) -> UsableFinding:
+    """``fiar.io/multicast-usable``: what every multicast consumer on the node may count on."""
+    if policy.multicast_forbidden:
+        return UsableFinding("forbidden", f"multicast forbidden by host policy ({', '.join(policy.sources)})")
+    if inv is None or not inv.gpus:
+        return UsableFinding("unknown", "multicast usability unknown: the GPUs could not be read")
+    zero = [g.index for g in inv.gpus if g.cuda is not None and g.cuda.multicast_supported == 0]
+    if zero:
+        return UsableFinding("absent", f"multicast absent: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on GPU {zero}")
+    if inv.multicast_create_exported is False:
+        return UsableFinding("absent", "multicast absent: libcuda does not export cuMulticastCreate (driver < 535)")
+    incomplete = _incomplete_fabric(inv)
+    if incomplete:
+        return UsableFinding(
+            "broken",
+            f"multicast broken: the NVLink fabric of GPU {incomplete} is not complete (fabric manager or NVSwitch "
+            "fault); NCCL's NVLS fails to bind multicast memory on such hosts",
+        )
+    if mnnvl.result == "pass":
+        return UsableFinding("verified", "multicast verified: the mnnvl workspace and its allreduce passed")
+    if mnnvl.result == "fail":
+        return UsableFinding(
+            "broken", f"multicast broken: the GPUs report multicast but the mnnvl test failed ({mnnvl.kind})"
+        )
+    return UsableFinding("unknown", f"multicast usability unknown: the mnnvl test gave no answer ({mnnvl.result})")
+
+
+def mnnvl_workspace(mnnvl: SmokeOutcome) -> contract.MnnvlWorkspace | None:
+    """``fiar.io/mnnvl-workspace``: created (the workspace step completed), null-mc-ptr, refused (an error
+    in the workspace step), or None (the test did not reach it, or a rank crashed or hung in it)."""
+    if mnnvl.result == "pass" or "workspace" in mnnvl.steps:
+        return "created"
+    if mnnvl.result != "fail":
+        return None
+    if mnnvl.kind == KIND_NULL_MC_PTR:
+        return "null-mc-ptr"
+    return "refused" if mnnvl.kind == KIND_ERROR and mnnvl.failed_step == "workspace" else None
 
 
 @dataclass(frozen=True)
@@ -315,12 +382,17 @@ def decide(
     previous: PreviousVerdict | None = None,
 ) -> Verdict:
     """The labels and reasons of one probe: the rules above, composed."""
-    multicast = multicast_state(inv, policy, tests[backends.MULTICAST_PROOF])
+    proof = tests[backends.MULTICAST_PROOF]
+    multicast = multicast_state(inv, policy, proof)
+    usable = multicast_usable(inv, policy, proof)
+    workspace = mnnvl_workspace(proof)
     choice = choose_backend(tests, margin)
     conclusion = conclude(inv, tests, choice.backend)
     labels = {
         contract.LABEL_BACKEND: choice.backend,
         contract.LABEL_MULTICAST: multicast.state,
+        contract.LABEL_MULTICAST_USABLE: usable.state,
+        **({contract.LABEL_MNNVL_WORKSPACE: workspace} if workspace is not None else {}),
         **{contract.result_label(name): tests[name].result for name in backends.NAMES},
         **hardware_labels(inv),
     }
@@ -331,7 +403,7 @@ def decide(
         settled = keep_previous(found, inv, conclusion.untested, previous)
     else:
         settled = claim_nothing(found, inv, conclusion.untested)
-    reasons = [*([inventory_error] if inventory_error else []), multicast.reason, *choice.reasons]
+    reasons = [*([inventory_error] if inventory_error else []), multicast.reason, usable.reason, *choice.reasons]
     if settled.reason is not None:
         reasons.append(settled.reason)
     degraded = inv is None or any(t.degraded for t in tests.values())

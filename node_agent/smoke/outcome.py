@@ -180,6 +180,8 @@ class SmokeOutcome:
     child_env: Mapping[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
     reused_from: str | None = None
+    failed_step: str = ""
+    """The step a rank reported failing (``fail`` results of a failed step only)."""
 
     @classmethod
     def skipped(cls, backend: contract.Backend, kind: str, reason: str, degraded: bool = False) -> SmokeOutcome:
@@ -204,6 +206,8 @@ class SmokeOutcome:
             d["duration_s"] = round(self.duration_s, 3)
         if self.reused_from:
             d["reused_from"] = self.reused_from
+        if self.failed_step:
+            d["failed_step"] = self.failed_step
         return d
 
     @classmethod
@@ -227,6 +231,7 @@ class SmokeOutcome:
             child_env=dict(d.get("child_env", {})),
             duration_s=float(d.get("duration_s", 0.0)),
             reused_from=d.get("reused_from"),
+            failed_step=str(d.get("failed_step", "")),
         )
 
 
@@ -419,6 +424,8 @@ class Ruling:
     kind: str
     reason: str
     degraded: bool = False
+    step: str = ""
+    """The step a rank reported failing, where one did."""
 
 
 OutcomeRule = Callable[[Ending], Ruling | None]
@@ -474,7 +481,7 @@ def untested_failure(end: Ending) -> Ruling | None:
 def failed_step(end: Ending) -> Ruling | None:
     for r, e in end.terminal("fail")[:1]:
         reason = f"rank {r}, step {e.get('step')}: {e.get('error', 'failed')}"
-        return Ruling("fail", str(e.get("kind", KIND_ERROR)), reason)
+        return Ruling("fail", str(e.get("kind", KIND_ERROR)), reason, step=str(e.get("step", "")))
     return None
 
 
@@ -584,4 +591,5 @@ def classify(
         versions=measured.versions,
         child_env=dict(child_env),
         duration_s=child.duration_s,
+        failed_step=ruling.step,
     )

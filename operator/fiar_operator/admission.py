@@ -23,7 +23,7 @@ from fiar_operator import decide, limits, mutation, patches
 from fiar_operator.errors import OverBudget, ReviewError
 from fiar_operator.metrics import Metrics
 from fiar_operator.names import is_namespace_name, is_object, is_pod_name
-from fiar_operator.pods import PodRecord, group_plan, pod_record
+from fiar_operator.pods import PodRecord, group_plan, pod_record, vllm_release
 from fiar_operator.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
 from fiar_operator.store import Store
 
@@ -301,6 +301,7 @@ class Admission:
             trigger="binding",
             time=self.clock(),
             budget=budget,
+            release=vllm_release(record, policy),
         )
         ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())
         self.metrics.decision(decision)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator import limits
+from fiar_operator import limits, releases
 from fiar_operator.limits import Budget
 from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
 from fiar_operator.policy import Policy
@@ -51,6 +51,8 @@ Reason = Literal[
     "MultiNodeNoImexChannel",
 ]
 Trigger = Literal["create", "binding", "reconcile"]
+OffBy = Literal["failing-mnnvl-workspace"]
+OFF_BY_FAILING_MNNVL: Final[OffBy] = "failing-mnnvl-workspace"
 
 VERIFIED_REASON: Final = "Verified"
 MAX_DECISION_LENGTH: Final = 4096
@@ -85,6 +87,16 @@ class Decision:
     group: str | None = None
     fusion: contract.Fusion = "on"
     previous_fusion: str | None = None
+    guard: bool = True
+    """The multicast guard: the containers read the variables that keep every multicast consumer off
+    (``contract.MULTICAST_GUARD``); False where the node verifies multicast or the policy turns it off."""
+    previous_guard: bool | None = None
+    off_by: OffBy | None = None
+    """How FlashInfer allreduce paths the fusion switches miss are turned off (``releases``), if they are."""
+    not_turned_off: tuple[str, ...] = ()
+    """FlashInfer allreduce paths still on although the fusion is off (no safe value for the release)."""
+    release: str | None = None
+    """The vLLM release the decision was made for (None: not known)."""
 
     @property
     def verified(self) -> bool:
@@ -104,6 +116,7 @@ class Decision:
             contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER[
                 "on" if self.flashinfer_allreduce else "off"
             ],
+            **{g.annotation: g.off if self.guard else g.own for g in contract.MULTICAST_GUARD},
             contract.ANNOTATION_POD_DECISION: self.to_json(),
         }
 
@@ -111,6 +124,7 @@ class Decision:
         doc: dict[str, Any] = {
             "backend": self.backend,
             "fusion": self.fusion,
+            "guard": self.guard,
             "node": self.node,
             "nodeVerdict": self.node_verdict,
             "policy": self.policy,
@@ -121,10 +135,15 @@ class Decision:
             ("time", self.time),
             ("previous", self.previous),
             ("previousFusion", self.previous_fusion),
+            ("previousGuard", self.previous_guard),
             ("group", self.group),
+            ("offBy", self.off_by),
+            ("release", self.release),
         ):
             if value is not None:
                 doc[key] = value
+        if self.not_turned_off:
+            doc["notTurnedOff"] = list(self.not_turned_off)
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -153,9 +172,26 @@ def fusion(policy: Policy, reason: Reason) -> contract.Fusion:
     return "on" if policy.fusion_control == "Disabled" or reason == VERIFIED_REASON else "off"
 
 
+def guard(policy: Policy, facts: NodeFacts | None) -> bool:
+    """The one guard rule: multicast consumers stay off unless the node verified multicast.
+
+    Before binding (``facts`` None) the guard is on: that is what a pod runs with when the binding
+    webhook misses it, and it is safe on every node (NCCL, PyTorch and NVSHMEM take their
+    non-multicast paths), while multicast on a node that cannot bind it aborts NCCL at init."""
+    return policy.multicast_guard == "Enabled" and not (facts is not None and facts.multicast_verified)
+
+
 def pending(policy: Policy) -> Decision:
-    """The CREATE-time decision of a pod not yet bound: the fallback, fusion off; replaced at binding."""
-    return Decision(policy.fallback, "Pending", policy.name, trigger="create", fusion=fusion(policy, "Pending"))
+    """The CREATE-time decision of a pod not yet bound: the fallback, fusion off, the multicast guard on;
+    replaced at binding."""
+    return Decision(
+        policy.fallback,
+        "Pending",
+        policy.name,
+        trigger="create",
+        fusion=fusion(policy, "Pending"),
+        guard=guard(policy, None),
+    )
 
 
 def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, Reason]:
@@ -218,6 +254,24 @@ def choose_for_group(
     return MULTI_NODE_BACKEND, "Verified"
 
 
+def unreached_paths(
+    policy: Policy, facts: NodeFacts | None, group: GroupPlan, fusion_of: contract.Fusion, release: str | None
+) -> tuple[OffBy | None, tuple[str, ...]]:
+    """How the FlashInfer allreduce paths that the fusion switches do not reach (vLLM's model-level
+    fused ops) are turned off where the fusion is off: by the node's failing mnnvl workspace where the
+    release turns that into NCCL on every path (``releases``), else not (they are named)."""
+    if fusion_of == "on":
+        return None, ()
+    if (
+        not group.multi
+        and facts is not None
+        and releases.FAILING_BACKEND not in facts.verified
+        and releases.off_by_failing_mnnvl(release, facts.mnnvl_workspace)
+    ):
+        return OFF_BY_FAILING_MNNVL, ()
+    return None, (releases.MODEL_LEVEL_OPS,)
+
+
 def decide(
     policy: Policy,
     node: str,
@@ -227,14 +281,20 @@ def decide(
     trigger: Trigger = "binding",
     time: str | None = None,
     budget: Budget | None = None,
+    release: str | None = None,
 ) -> Decision:
-    """The decision for a pod of ``policy`` bound to ``node`` (whose labels may be unknown); a group's
-    node walk spends ``budget`` and raises ``OverBudget`` past it (None: unbounded)."""
+    """The decision for a pod of ``policy`` bound to ``node`` (whose labels may be unknown) whose selected
+    containers run vLLM ``release`` (None: not known); a group's node walk spends ``budget`` and
+    raises ``OverBudget`` past it (None: unbounded)."""
     facts = node_facts(node, node_labels) if node_labels is not None else None
     if group.multi:
         backend, reason = choose_for_group(policy, facts, group, nodes or {}, budget)
     else:
         backend, reason = choose(policy, facts)
+    fusion_of = fusion(policy, reason)
+    off_by, not_turned_off = unreached_paths(policy, facts, group, fusion_of, release)
+    if off_by == OFF_BY_FAILING_MNNVL:
+        backend = releases.FAILING_BACKEND
     return Decision(
         backend=backend,
         reason=reason,
@@ -244,7 +304,11 @@ def decide(
         trigger=trigger,
         time=time,
         group=group.key if group.multi else None,
-        fusion=fusion(policy, reason),
+        fusion=fusion_of,
+        guard=guard(policy, facts),
+        off_by=off_by,
+        not_turned_off=not_turned_off,
+        release=release,
     )
 
 

@@ -17,7 +17,15 @@ from typing import Any, Final
 import fiar_contract as contract
 from fiar_operator import affinity, commands, decide, nodefacts, patches
 from fiar_operator.limits import Budget
-from fiar_operator.pods import INJECTED, annotations_read, field_path, group_plan, is_injected, pod_record
+from fiar_operator.pods import (
+    INJECTED,
+    annotations_read,
+    field_path,
+    group_plan,
+    is_injected,
+    pod_record,
+    vllm_release,
+)
 from fiar_operator.policy import Policy
 
 
@@ -43,8 +51,9 @@ UNMANAGED_DEFAULTS: Final = {
     contract.ANNOTATION_POD_BACKEND: "auto",
     contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS["on"],
     contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER["on"],
+    **{g.annotation: g.own for g in contract.MULTICAST_GUARD},
 }
-"""vLLM's own defaults, for a pod that reads fiar's annotations without a policy taking it."""
+"""The engines' own defaults, for a pod that reads fiar's annotations without a policy taking it."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +190,48 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
     return ops
 
 
+def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str]) -> list[Any]:
+    """The env list with each multicast-guard variable read from its annotation (``contract.MULTICAST_GUARD``).
+
+    A container's own entry is kept under respectExplicitEnv and replaced without it; an entry whose
+    value fiar does not know (empty, ``false``, ``2``, or read from elsewhere) is always kept and
+    reported, never overwritten or duplicated."""
+    out = list(env)
+    for guard in contract.MULTICAST_GUARD:
+        hits = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == guard.env]
+        own = [j for j in hits if not is_injected(out[j])]
+        if not hits:
+            out.append(injected_entry(guard.env))
+            continue
+        odd = [j for j in own if set(out[j]) - {"name", "value"} or out[j].get("value") not in (guard.off, guard.own)]
+        if odd:
+            value = out[odd[0]].get("value", "from valueFrom")
+            warnings.append(
+                f"container {name} sets {guard.env} to {value!r}, not a value fiar knows ({guard.off!r} or "
+                f"{guard.own!r}); kept, {guard.consumer} is not guarded in it"
+            )
+            continue
+        if own and respect:
+            value = out[own[0]].get("value")
+            warnings.append(f"container {name} sets {guard.env}={value!r} itself; kept (respectExplicitEnv)")
+            continue
+        if own:
+            warnings.append(f"container {name}: its own {guard.env} replaced (respectExplicitEnv: false)")
+        # The kubelet takes the last of duplicate names: keep one entry, ours, where the first was.
+        out[hits[0]] = injected_entry(guard.env)
+        out = [e for j, e in enumerate(out) if j not in hits[1:]]
+    return out
+
+
+def _guard_ops(policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]) -> list[patches.Op]:
+    """Ops that make a container read the multicast guard from the pod's annotations."""
+    env = container.get("env") or []
+    new_env = _guard_env(list(env), str(container.get("name", "")), policy.respect_explicit_env, warnings)
+    if new_env == env:
+        return []
+    return [{"op": "add", "path": patches.pointer("spec", "containers", index, "env"), "value": new_env}]
+
+
 def _placement_ops(policy: Policy, pod: Mapping[str, Any], multi: bool, warnings: list[str]) -> list[patches.Op]:
     spec = pod.get("spec") or {}
     current = spec.get("affinity")
@@ -232,6 +283,10 @@ def plan_pod_create(
             fusion_ops = _fusion_ops(policy, index, work["spec"]["containers"][index], warnings)
             work = patches.applied(work, fusion_ops)
             container_ops = patches.superseded(container_ops, fusion_ops) + fusion_ops
+        if policy.mode == "Enforce" and policy.multicast_guard == "Enabled":
+            guard_ops = _guard_ops(policy, index, work["spec"]["containers"][index], warnings)
+            work = patches.applied(work, guard_ops)
+            container_ops = patches.superseded(container_ops, guard_ops) + guard_ops
         ops += container_ops
     if not selected:
         warnings.append(f"policy {policy.name} matches this pod but selects none of its containers")
@@ -251,14 +306,16 @@ def plan_pod_create(
 
     node = spec.get("nodeName")
     if node:
+        record = pod_record(after)
         decision = decide.decide(
             policy,
             str(node),
             nodes.get(str(node)),
-            group_plan(pod_record(after), policy),
+            group_plan(record, policy),
             nodes,
             trigger="create",
             budget=budget,
+            release=vllm_release(record, policy),
         )
         if policy.placement == "VerifiedNodesOnly" and not decision.verified:
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")

@@ -44,6 +44,16 @@ class NodeFacts:
     """The NVLink clique: fiar's label or GFD's; None when neither is set or the two disagree."""
     trtllm_runs: bool = False
     """The ``RUNS_UNVERIFIED`` backend's smoke test passed (whether or not it is the verdict)."""
+    multicast: contract.MulticastUsable = "unknown"
+    """``fiar.io/multicast-usable``; for an agent that predates the label, ``verified`` where its other
+    labels say the mnnvl test passed (``fiar.io/multicast=supported``, ``fiar.io/mnnvl=pass`` or the
+    verdict ``mnnvl``: the same proof), else ``unknown``."""
+    mnnvl_workspace: contract.MnnvlWorkspace | None = None
+    """``fiar.io/mnnvl-workspace``: how the node's own mnnvl workspace creation ended (None: not known)."""
+
+    @property
+    def multicast_verified(self) -> bool:
+        return self.multicast == contract.MULTICAST_VERIFIED
 
 
 def clique(labels: Mapping[str, str]) -> str | None:
@@ -63,7 +73,21 @@ def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
         later = contract.BACKENDS[contract.BACKENDS.index(chosen) + 1 :]
         verified = frozenset({chosen, *(b for b in later if _passed(labels, b))})
     runs = RUNS_UNVERIFIED in verified or _passed(labels, RUNS_UNVERIFIED)
-    return NodeFacts(name, verdict, verified, clique(labels), runs)
+    return NodeFacts(name, verdict, verified, clique(labels), runs, multicast_usable(labels), mnnvl_workspace(labels))
+
+
+def multicast_usable(labels: Mapping[str, str]) -> contract.MulticastUsable:
+    """The node's multicast usability; a value not of the contract's is untrusted input: ``unknown``."""
+    raw = labels.get(contract.LABEL_MULTICAST_USABLE)
+    if raw is None:  # an agent that predates the label: its proof is the same mnnvl pass
+        proved = labels.get(contract.LABEL_MULTICAST) == "supported" or _passed(labels, "mnnvl")
+        return "verified" if proved or labels.get(contract.LABEL_BACKEND) == "mnnvl" else "unknown"
+    return next((m for m in contract.MULTICAST_USABLE_STATES if m == raw), "unknown")
+
+
+def mnnvl_workspace(labels: Mapping[str, str]) -> contract.MnnvlWorkspace | None:
+    raw = labels.get(contract.LABEL_MNNVL_WORKSPACE)
+    return next((w for w in contract.MNNVL_WORKSPACE_STATES if w == raw), None)
 
 
 def _verifies(backend: contract.Backend) -> list[Json]:

@@ -12,6 +12,7 @@ from fiar_operator.commands import plan_command
 from fiar_operator.decide import GroupPlan, parse_decision
 from fiar_operator.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.policy import LWS_SIZE, Policy
+from fiar_operator.releases import image_release
 from fiar_operator.selectors import ANYWHERE, NodeConstraint, node_constraint
 
 GENERATED_SUFFIX: Final = 5
@@ -32,6 +33,7 @@ INJECTED: Final = {
     contract.ENV_VAR: contract.ANNOTATION_POD_BACKEND,
     contract.ENV_FUSE_ALLREDUCE_RMS: contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS,
     contract.ENV_ALLREDUCE_USE_FLASHINFER: contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
+    **{g.env: g.annotation for g in contract.MULTICAST_GUARD},
 }
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
@@ -65,6 +67,8 @@ class PodRecord:
     """The fiar.io/fuse-allreduce-rms and fiar.io/allreduce-use-flashinfer annotations. These and
     ``backend`` are None when absent or outside ``contract.POD_ANNOTATION_VALUES`` (a value fiar never
     writes is never read)."""
+    guard: tuple[str | None, ...] = ()
+    """The multicast-guard annotations, in ``contract.MULTICAST_GUARD`` order (None: absent or not allowed)."""
     reads: frozenset[str] = frozenset()
     """Annotations that an injected env var of a container reads."""
     uncontrolled: tuple[str, ...] = ()
@@ -72,6 +76,8 @@ class PodRecord:
     not understand it) and that do not set the fusion themselves."""
     imex_claims: frozenset[str] = frozenset()
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
+    releases: tuple[tuple[str, str], ...] = ()
+    """(container name, vLLM release) of the containers whose image is vLLM's with a release tag."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -80,6 +86,25 @@ class PodRecord:
     @property
     def managed(self) -> bool:
         return self.policy is not None
+
+    @property
+    def guarded(self) -> bool | None:
+        """Whether the pod's guard annotations keep multicast off (True), leave it on (False), or neither."""
+        if self.guard == tuple(g.off for g in contract.MULTICAST_GUARD):
+            return True
+        if self.guard == tuple(g.own for g in contract.MULTICAST_GUARD):
+            return False
+        return None
+
+    def annotation(self, key: str) -> str | None:
+        """The value of a fiar annotation the containers read, as the record holds it."""
+        values: dict[str, str | None] = {
+            contract.ANNOTATION_POD_BACKEND: self.backend,
+            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: self.fuse,
+            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: self.use_flashinfer,
+        }
+        values.update(zip((g.annotation for g in contract.MULTICAST_GUARD), self.guard, strict=False))
+        return values.get(key)
 
     @property
     def active(self) -> bool:
@@ -209,6 +234,24 @@ def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
+def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    containers = spec.get("containers")
+    found = []
+    for container in containers if isinstance(containers, list) else []:
+        if isinstance(container, Mapping) and (release := image_release(container.get("image"))) is not None:
+            found.append((str(container.get("name", "")), release))
+    return tuple(found)
+
+
+def vllm_release(record: PodRecord, policy: Policy) -> str | None:
+    """The vLLM release the pod's selected containers run: the policy's ``vllmRelease``, else the one
+    release their images name (None when none names one, or they name different ones)."""
+    if policy.vllm_release is not None:
+        return policy.vllm_release
+    found = {r for name, r in record.releases if any(fnmatchcase(name, g) for g in policy.containers)}
+    return found.pop() if len(found) == 1 else None
+
+
 def has_imex_claim(record: PodRecord, policy: Policy) -> bool:
     """Whether the pod carries an IMEX channel claim by the policy's names (or the policy says the
     channel is provided without one, e.g. by the device plugin's ``imex.channelIDs``)."""
@@ -267,9 +310,13 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
             contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
             annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
         ),
+        guard=tuple(
+            contract.pod_annotation_value(g.annotation, annotations.get(g.annotation)) for g in contract.MULTICAST_GUARD
+        ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
         uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
         imex_claims=claims,
+        releases=_releases(spec) if isinstance(spec, Mapping) else (),
     )
 
 

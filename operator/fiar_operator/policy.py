@@ -7,6 +7,7 @@ policy built in a test, reads the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
@@ -19,12 +20,14 @@ Placement = Literal["Anywhere", "VerifiedNodesOnly"]
 Mode = Literal["Enforce", "Audit"]
 MultiNode = Literal["Auto", "Always", "Never"]
 FusionControl = Literal["Enabled", "Disabled"]
+MulticastGuard = Literal["Enabled", "Disabled"]
 ImexChannel = Literal["Claim", "Provided"]
 
 PLACEMENTS: Final[tuple[Placement, ...]] = ("Anywhere", "VerifiedNodesOnly")
 MODES: Final[tuple[Mode, ...]] = ("Enforce", "Audit")
 MULTI_NODE: Final[tuple[MultiNode, ...]] = ("Auto", "Always", "Never")
 FUSION_CONTROLS: Final[tuple[FusionControl, ...]] = ("Enabled", "Disabled")
+MULTICAST_GUARDS: Final[tuple[MulticastGuard, ...]] = ("Enabled", "Disabled")
 IMEX_CHANNELS: Final[tuple[ImexChannel, ...]] = ("Claim", "Provided")
 DEFAULT_IMEX_CLAIMS: Final = ("mnnvl-claim", "*imex*", "*channel*", "*compute-domain*")
 """Names (of a pod's resource claim, or of its template or claim) that stand for an IMEX channel claim:
@@ -55,6 +58,9 @@ class Policy:
     group_key_label: str = LWS_GROUP_KEY
     fusion_control: FusionControl = "Enabled"
     respect_explicit_fusion: bool = True
+    multicast_guard: MulticastGuard = "Enabled"
+    vllm_release: str | None = None
+    """The vLLM release the selected containers run (``vllmRelease``); None: read from their images."""
     imex_channel: ImexChannel = "Claim"
     imex_claims: tuple[str, ...] = DEFAULT_IMEX_CLAIMS
     generation: int = 0
@@ -77,6 +83,18 @@ def _choice(spec: Mapping[str, Any], key: str, allowed: tuple[str, ...], default
     if value not in allowed:
         raise PolicyError(f"spec.{key}: {value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+RELEASE_PATTERN: Final = re.compile(r"^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?$")
+"""A vLLM release as ``vllmRelease`` and image tags give it: ``0.33``, ``0.33.0``, ``v0.32.1``."""
+
+
+def _release(name: str, raw: object) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or RELEASE_PATTERN.match(raw) is None:
+        raise PolicyError(f"{name}: spec.vllmRelease must be a release such as 0.33.0, not {raw!r}")
+    return raw.removeprefix("v")
 
 
 def parse_policy(obj: Mapping[str, Any]) -> Policy:
@@ -125,6 +143,10 @@ def parse_policy(obj: Mapping[str, Any]) -> Policy:
         group_key_label=group_key,
         fusion_control=cast("FusionControl", _choice(spec, "fusionControl", FUSION_CONTROLS, DEFAULT.fusion_control)),
         respect_explicit_fusion=bool(spec.get("respectExplicitFusion", DEFAULT.respect_explicit_fusion)),
+        multicast_guard=cast(
+            "MulticastGuard", _choice(spec, "multicastGuard", MULTICAST_GUARDS, DEFAULT.multicast_guard)
+        ),
+        vllm_release=_release(name, spec.get("vllmRelease")),
         imex_channel=cast("ImexChannel", _choice(spec, "imexChannel", IMEX_CHANNELS, DEFAULT.imex_channel)),
         imex_claims=tuple(imex_claims),
         generation=generation if isinstance(generation, int) else 0,

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator import decide, nodefacts
-from fiar_operator.pods import PodRecord, group_plan
+from fiar_operator.pods import PodRecord, group_plan, vllm_release
 from fiar_operator.policy import Policy, select_policy
 
 UNCONFIGURED_EXAMPLES: Final = 3
@@ -56,14 +56,11 @@ def _values(record: PodRecord, decision: decide.Decision | None = None) -> tuple
     """The annotation values the pod's containers read: from ``decision``, or as the pod has them now.
 
     The backend always counts (a pod admitted before fiar controlled the fusion reads only that one)."""
-    wanted = decision.annotations() if decision is not None else None
-    current = {
-        contract.ANNOTATION_POD_BACKEND: record.backend,
-        contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: record.fuse,
-        contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: record.use_flashinfer,
-    }
-    keys = [contract.ANNOTATION_POD_BACKEND, *sorted(k for k in current if k in record.reads)]
-    return tuple((wanted or current).get(k) for k in dict.fromkeys(keys))
+    keys = [contract.ANNOTATION_POD_BACKEND, *sorted(k for k in contract.POD_ANNOTATION_VALUES if k in record.reads)]
+    if decision is None:
+        return tuple(record.annotation(k) for k in dict.fromkeys(keys))
+    wanted = decision.annotations()
+    return tuple(wanted.get(k) for k in dict.fromkeys(keys))
 
 
 def _fusion_of(record: PodRecord) -> str:
@@ -82,12 +79,14 @@ def review_pod(
         return None
     group = group_plan(record, policy)
     labels = nodes.get(record.node)
-    fresh = decide.decide(policy, record.node, labels, group, nodes, trigger="reconcile", time=now)
+    fresh = decide.decide(
+        policy, record.node, labels, group, nodes, trigger="reconcile", time=now, release=vllm_release(record, policy)
+    )
     broken = _group_break(members, nodes) if group.multi else None
     if broken is not None and fresh.backend == nodefacts.MULTI_NODE_BACKEND:
         fresh = replace(fresh, backend=policy.fallback, reason="MultiNodeNoSharedClique", fusion="off")
     current = record.backend
-    fresh = replace(fresh, previous=current, previous_fusion=_fusion_of(record))
+    fresh = replace(fresh, previous=current, previous_fusion=_fusion_of(record), previous_guard=record.guarded)
     same = _values(record, fresh) == _values(record)
     if _missed(record):
         missed = "bound while the binding webhook was unavailable"
@@ -110,7 +109,7 @@ def review_pod(
         facts is not None
         and current in decide.verified_for(policy, facts)
         and not group.multi
-        and _values(record, replace(fresh, backend=current, fusion="on")) == _values(record)
+        and _values(record, replace(fresh, backend=current, fusion="on", guard=fresh.guard)) == _values(record)
     )
     if still_verified:
         return None
@@ -142,6 +141,9 @@ def _change(record: PodRecord, decision: decide.Decision) -> str:
     text = f"backend {record.backend} -> {decision.backend}"
     if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads:
         text += f", fusion {_fusion_of(record)} -> {decision.fusion}"
+    if any(g.annotation in record.reads for g in contract.MULTICAST_GUARD) and record.guarded != decision.guard:
+        before = {True: "on", False: "off", None: "unset"}[record.guarded]
+        text += f", multicast guard {before} -> {'on' if decision.guard else 'off'}"
     return text
 
 
@@ -183,6 +185,25 @@ def multi_node_warning(record: PodRecord, policy: Policy) -> str | None:
     group = f"multi-pod group {doc['group']}" if doc.get("group") else "multi-pod group"
     runs = f"{doc.get('backend')}, fusion {doc['fusion']}" if doc.get("fusion") else doc.get("backend")
     return f"{group}: {why}; it runs with {runs}"
+
+
+def not_turned_off(record: PodRecord) -> list[str]:
+    """The FlashInfer allreduce paths a bound pod whose containers read the fusion decision still runs
+    although its fusion is off (its decision's ``notTurnedOff``)."""
+    if record.node is None or contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS not in record.reads:
+        return []
+    paths = (record.decision or {}).get("notTurnedOff")
+    return [str(p) for p in paths[:8]] if isinstance(paths, list) else []
+
+
+def not_turned_off_message(record: PodRecord, paths: Sequence[str]) -> str:
+    release = (record.decision or {}).get("release")
+    return (
+        f"fusion is off on node {record.node}, but fiar could not turn off: {', '.join(paths)} "
+        f"(vLLM {release or 'release unknown'}: no value turns them off there without a crash; "
+        "docs/vllm-flashinfer-paths.md). Set spec.vllmRelease or use a vllm/vllm-openai:vX.Y.Z image "
+        "where the release is one fiar checked."
+    )
 
 
 def uncontrolled_containers(record: PodRecord, policy: Policy) -> list[str]:
@@ -307,6 +328,8 @@ def policy_status(
         "unconfigured": len(unconfigured),
         "fusionOff": 0,
         "fusionUncontrolled": 0,
+        "multicastGuarded": 0,
+        "flashinferNotTurnedOff": 0,
     }
     for pod in pods:
         if not pod.active or pod.policy != policy.name:
@@ -320,6 +343,10 @@ def policy_status(
         outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
         if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off":
             outcome["fusionOff"] += 1
+        if pod.guarded and any(g.annotation in pod.reads for g in contract.MULTICAST_GUARD):
+            outcome["multicastGuarded"] += 1
+        if not_turned_off(pod):
+            outcome["flashinferNotTurnedOff"] += 1
         if is_stale(pod):
             outcome["stale"] += 1
     old_conditions = list((previous or {}).get("conditions") or [])

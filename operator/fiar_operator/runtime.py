@@ -424,6 +424,11 @@ class Runtime:
         if warning and (record.uid, "MultiNodeFallback") not in self._warned:
             self._warned.add((record.uid, "MultiNodeFallback"))
             events.append(Event(pod_ref(record), "Warning", "MultiNodeFallback", warning))
+        paths = reconcile.not_turned_off(record)
+        if paths and (record.uid, "FlashInferNotTurnedOff") not in self._warned:
+            self._warned.add((record.uid, "FlashInferNotTurnedOff"))
+            message = reconcile.not_turned_off_message(record, paths)
+            events.append(Event(pod_ref(record), "Warning", "FlashInferNotTurnedOff", message))
         uncontrolled = reconcile.uncontrolled_containers(record, policy)
         if uncontrolled and (record.uid, "FusionNotControlled") not in self._warned:
             self._warned.add((record.uid, "FusionNotControlled"))
@@ -508,6 +513,7 @@ class Runtime:
         if change.deleted:
             self._warned.discard((change.uid, "MultiNodeFallback"))
             self._warned.discard((change.uid, "FusionNotControlled"))
+            self._warned.discard((change.uid, "FlashInferNotTurnedOff"))
             if change.policy:
                 self.status.mark(change.policy)
             self.unconfigured.pod_deleted(key, change.uid)

@@ -83,6 +83,7 @@ def memo_record(record: PodRecord, group_label: str | None) -> PodRecord:
         pinned_backend=record.pinned_backend,
         clique_affinity=frozenset(p for p in record.clique_affinity if p[0] == group_label),
         imex_claims=record.imex_claims,
+        releases=record.releases,
     )
 
 
@@ -96,6 +97,7 @@ def memo_size(record: PodRecord) -> int:
             strings += [requirement.key, requirement.operator, *requirement.values]
     strings += [s for pair in record.clique_affinity for s in pair]
     strings += record.imex_claims
+    strings += [s for pair in record.releases for s in pair]
     return ENTRY_OVERHEAD + sum(len(s) + 50 for s in strings)
 
 

@@ -165,6 +165,7 @@ def test_binding_of_a_pod_admitted_here_is_decided_from_memory(admission: Admiss
     assert decision == {
         "backend": "mnnvl",
         "fusion": "on",
+        "guard": False,
         "node": "gpu-a",
         "nodeVerdict": "mnnvl",
         "policy": "vllm",

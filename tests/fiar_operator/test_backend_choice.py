@@ -73,6 +73,7 @@ def test_decision_annotation_names_node_verdict_policy_and_reason() -> None:
     assert doc == {
         "backend": "trtllm",
         "fusion": "on",
+        "guard": True,
         "node": "gpu-1",
         "nodeVerdict": "trtllm",
         "policy": "p",

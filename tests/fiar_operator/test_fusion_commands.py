@@ -158,8 +158,12 @@ def vllm_tokens(argv: list[str], env: dict[str, str] | None = None) -> list[str]
     if argv[:1] and argv[0].endswith("sh") and argv[1:2] == ["-c"]:
         shell = "bash" if argv[0].endswith("bash") else "sh"
         proc = subprocess.run(
-            [shell, *argv[1:]], env={**(env or {}), "PATH": f"{_BIN[-1]}:/usr/bin:/bin"},
-            capture_output=True, text=True, timeout=30, check=True,
+            [shell, *argv[1:]],
+            env={**(env or {}), "PATH": f"{_BIN[-1]}:/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
         words: list[str] = json.loads(proc.stdout.splitlines()[0])
         return words[words.index("serve") + 1 :]
@@ -275,7 +279,9 @@ def test_a_command_fiar_does_not_understand_is_left_exactly_as_it_was(container:
     changed = out["spec"]["containers"][0]
     env = changed.pop("env", [])
     assert changed == container, "command, args and everything else unchanged"
-    assert [e["name"] for e in env] == [contract.ENV_VAR], "only the backend variable, as before"
+    assert [e["name"] for e in env] == [contract.ENV_VAR, *(g.env for g in contract.MULTICAST_GUARD)], (
+        "the backend variable and the guard, as before"
+    )
     assert any("fusion not controlled" in w for w in warnings)
     assert not plan_command(container).understood
 
@@ -293,7 +299,7 @@ def test_a_users_own_fusion_setting_is_kept_under_respect_explicit_fusion(contai
     out, warnings = mutated(pod(container))
     changed = out["spec"]["containers"][0]
     assert changed["command"] == container["command"] and "args" not in changed
-    assert [e["name"] for e in changed["env"]] == [contract.ENV_VAR]
+    assert [e["name"] for e in changed["env"]] == [contract.ENV_VAR, *(g.env for g in contract.MULTICAST_GUARD)]
     assert any("respectExplicitFusion" in w for w in warnings)
     overridden, _warnings = mutated(pod(container), policy(respectExplicitFusion=False))
     argv, _env = container_process(bound(overridden, "off"), overridden["spec"]["containers"][0])
@@ -347,6 +353,7 @@ def test_a_pod_copied_with_fiars_variables_but_no_policy_gets_vllms_defaults() -
         contract.ANNOTATION_POD_BACKEND: "auto",
         contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "null",
         contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "1",
+        **{g.annotation: g.own for g in contract.MULTICAST_GUARD},
     }
 
 
@@ -402,9 +409,7 @@ HOSTILE = "false $(touch {marker}) --trust-remote-code"
 
 
 @pytest.mark.parametrize("form", ["llmisvc-additional-args", "shell-quoted-placeholder"])
-def test_a_shell_form_gives_vllm_the_annotation_as_one_argument_and_runs_none_of_it(
-    form: str, tmp_path: Any
-) -> None:
+def test_a_shell_form_gives_vllm_the_annotation_as_one_argument_and_runs_none_of_it(form: str, tmp_path: Any) -> None:
     """Whatever the annotation holds (the chart's admission policy lets only the cluster admin write a
     value outside fiar's), the shell expands it once, quoted: one argument, never a command."""
     marker = tmp_path / "ran"
@@ -445,10 +450,7 @@ def test_a_value_outside_the_allowlist_is_read_as_absent_and_replaced_by_vllms_d
     copied = copy.deepcopy(out)
     copied["metadata"] = {"name": "copy", "namespace": "ml", "annotations": {key: "false $(id)"}}
     record = pod_record(copied)
-    assert None in (record.backend, record.fuse, record.use_flashinfer)
-    assert getattr(record, {contract.ANNOTATION_POD_BACKEND: "backend",
-                            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "fuse",
-                            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "use_flashinfer"}[key]) is None
+    assert record.annotation(key) is None
     notes = patches.apply(copied, default_backend_ops(copied))["metadata"]["annotations"]
     assert all(contract.pod_annotation_value(k, v) == v for k, v in notes.items())
     assert notes[key] != "false $(id)"

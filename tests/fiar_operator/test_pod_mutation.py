@@ -100,7 +100,7 @@ def test_selected_container_reads_backend_from_annotation_set_to_fallback() -> N
 
 def test_existing_env_is_kept_and_the_variable_appended() -> None:
     out = mutated(pod({"name": "vllm", "env": [{"name": "HF_HOME", "value": "/cache"}]}), policy())
-    assert [e["name"] for e in env_of(out)] == ["HF_HOME", contract.ENV_VAR]
+    assert [e["name"] for e in env_of(out)] == ["HF_HOME", contract.ENV_VAR, *(g.env for g in contract.MULTICAST_GUARD)]
 
 
 def test_reinvocation_adds_nothing() -> None:
@@ -146,7 +146,7 @@ def test_explicit_env_is_replaced_when_not_respected_and_duplicates_removed() ->
         }
     )
     out = mutated(source, policy(respectExplicitEnv=False))
-    assert [e["name"] for e in env_of(out)] == [contract.ENV_VAR, "X"]
+    assert [e["name"] for e in env_of(out)] == [contract.ENV_VAR, "X", *(g.env for g in contract.MULTICAST_GUARD)]
     assert env_of(out)[0]["valueFrom"]["fieldRef"]["fieldPath"] == FIELD_PATH
 
 
@@ -173,6 +173,7 @@ def test_pod_created_with_node_name_is_decided_at_once() -> None:
     assert decision == {
         "backend": "trtllm",
         "fusion": "on",
+        "guard": True,
         "node": "gpu-7",
         "nodeVerdict": "trtllm",
         "policy": "vllm",

@@ -239,6 +239,8 @@ def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
         "unconfigured": 0,
         "fusionOff": 0,
         "fusionUncontrolled": 0,
+        "multicastGuarded": 0,
+        "flashinferNotTurnedOff": 0,
     }
     assert status["observedGeneration"] == 2
     conditions = {c["type"]: c for c in status["conditions"]}

@@ -17,9 +17,11 @@ import fiar_contract as contract
 from node_agent import hardware, report
 from node_agent.probe import ProbeConfig, probe
 
-B, M, MN, T, G, C = (
+B, M, U, W, MN, T, G, C = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
+    contract.LABEL_MULTICAST_USABLE,
+    contract.LABEL_MNNVL_WORKSPACE,
     contract.LABEL_MNNVL,
     contract.LABEL_TRTLLM,
     contract.LABEL_GPUS,
@@ -28,17 +30,45 @@ B, M, MN, T, G, C = (
 
 EXPECTED = {
     # recorded: 2x H200 SXM, NVSwitch, multicast forbidden by the host's environment
-    "h200x2-host": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass", G: "2"},
+    "h200x2-host": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2"},
     # modelled: healthy HGX H100, mnnvl works
-    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", G: "8"},
+    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", U: "verified", W: "created", MN: "pass", T: "pass", G: "8"},
     # modelled after vllm#48071: workspace with a null multicast pointer; trtllm works but is ~10x NCCL
-    "h200nvl-bridge-null-multicast": {B: "none", M: "unsupported", MN: "fail", T: "pass", G: "8"},
+    "h200nvl-bridge-null-multicast": {
+        B: "none",
+        M: "unsupported",
+        U: "broken",
+        W: "null-mc-ptr",
+        MN: "fail",
+        T: "pass",
+        G: "8",
+    },
     # modelled: PCIe only, attribute 0, no peer access
-    "h100x4-pcie-no-nvlink": {B: "none", M: "unsupported", MN: "fail", T: "fail", G: "4"},
+    "h100x4-pcie-no-nvlink": {
+        B: "none",
+        M: "unsupported",
+        U: "absent",
+        W: "null-mc-ptr",
+        MN: "fail",
+        T: "fail",
+        G: "4",
+    },
+    # modelled after NVIDIA/nccl#1788: NVSwitch host whose fabric manager is down; attribute 1, bind fails
+    "h100x8-nvswitch-fabric-manager-down": {
+        B: "trtllm",
+        M: "unknown",
+        U: "broken",
+        W: "refused",
+        MN: "fail",
+        T: "pass",
+        G: "8",
+    },
     # modelled: GB200 NVL72 tray in a fabric clique
     "gb200-nvl72-clique": {
         B: "mnnvl",
         M: "supported",
+        U: "verified",
+        W: "created",
         MN: "pass",
         T: "pass",
         G: "4",
@@ -48,8 +78,8 @@ EXPECTED = {
 
 RECORDED_DEVICE_HOSTS = {
     # recorded by bench/agent_gpu_verify.sh on the device hosts (see BENCHMARKS.md)
-    "h200x2-device": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass", G: "2"},
-    "h200x1-device": {B: "none", M: "disabled", MN: "skipped", T: "skipped", G: "1"},
+    "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2"},
+    "h200x1-device": {B: "none", M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "1"},
 }
 
 
@@ -74,6 +104,8 @@ def test_fixture_gets_exactly_its_labels(name: str, labels: dict[str, str]) -> N
     assert set(result.labels) <= set(contract.AGENT_LABELS)
     assert result.labels[B] in contract.BACKEND_VERDICTS
     assert result.labels[M] in contract.MULTICAST_STATES
+    assert result.labels[U] in contract.MULTICAST_USABLE_STATES
+    assert result.labels.get(W, "created") in contract.MNNVL_WORKSPACE_STATES
     assert {result.labels[MN], result.labels[T]} <= set(contract.TEST_RESULTS)
     # the annotation round-trips and carries the same labels
     parsed = report.loads(report.dumps(result.report))
@@ -107,3 +139,13 @@ def test_recorded_h200_host_reports_hardware_multicast_but_policy_disables_it() 
     assert inv["fabric"]["cluster_uuid_zero"] is True
     assert result.report["policy"]["multicast_forbidden"] is True
     assert result.report["tests"]["mnnvl"]["kind"] == "policy"
+
+
+def test_a_fabric_manager_fault_reads_broken_although_the_device_attribute_says_supported() -> None:
+    result = probe(hardware.SimulatedHardware(Path("h100x8-nvswitch-fabric-manager-down")), ProbeConfig(), environ={})
+    assert result.labels[U] == "broken"
+    assert result.labels[B] == "trtllm", "trtllm never needs multicast and still passes"
+    doc = json.loads((hardware.FIXTURES / "h100x8-nvswitch-fabric-manager-down.json").read_text())
+    assert all(a["MULTICAST_SUPPORTED"] == 1 for a in doc["cuda_attributes"])
+    assert any("fabric" in r and "not complete" in r for r in result.report["reasons"])
+    assert result.report["tests"]["mnnvl"]["failed_step"] == "workspace"

@@ -1,0 +1,74 @@
+"""Which vLLM release a pod runs, and what that release does with FlashInfer allreduce paths that the
+fusion switches do not reach.
+
+vLLM's model-level fused ops (0.33.0: ``vllm/models/common/ops/fused_allreduce_rms_norm.py`` and
+``vllm/model_executor/layers/fused_allreduce_gemma_rms_norm.py``, used in every layer of the NVIDIA
+model files of DeepSeek-V3.2, Kimi-K3 and MiniMax-M3) call ``get_fi_ar_workspace`` whatever
+``pass_config.fuse_allreduce_rms`` and ``VLLM_ALLREDUCE_USE_FLASHINFER`` say. On a node that verifies
+no backend they would run the path the node's agent measured slower than NCCL, or the one that
+crashes. What turns them off too is a workspace that fails: where a release uses an explicit
+``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` as given (no trtllm fallback) and turns a failed mnnvl
+workspace into ``None`` (every caller then runs NCCL), a pod on a node whose own mnnvl workspace
+creation failed in that way gets ``mnnvl``: the one value that makes every path take NCCL there.
+
+``OFF_BY_FAILING_MNNVL`` is the table, one row per release line, read from each release's code and
+run on CPU by ``bench/vllm_fi_ar_check.py`` (docs/vllm-flashinfer-paths.md has the matrix). A release
+that is not in the table, or a node whose workspace end is not in its row, gets no release-specific
+value: the pod gets the ordinary decision, and its decision says which paths stay on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+import fiar_contract as contract
+
+Line = tuple[int, int]
+
+OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] = {
+    (0, 25): frozenset(),
+    (0, 27): frozenset(),
+    (0, 32): frozenset(),
+    (0, 33): frozenset(),
+}
+"""Release line -> the node's ``fiar.io/mnnvl-workspace`` ends on which ``mnnvl`` turns every
+FlashInfer allreduce path of that release off without a crash (empty: none does)."""
+
+FAILING_BACKEND: Final[contract.Backend] = "mnnvl"
+"""The value a pod gets where its node's failing workspace of this backend turns every path off."""
+MODEL_LEVEL_OPS: Final = "model-level fused allreduce ops"
+"""The paths the fusion switches leave on (named in the decision's ``notTurnedOff``)."""
+
+_RELEASE: Final = re.compile(r"^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:$|[-+._])")
+_IMAGE_REPOSITORIES: Final = ("vllm-openai", "vllm")
+"""The last path component of the image repositories whose tag is the vLLM release."""
+
+
+def line_of(release: str | None) -> Line | None:
+    """``0.33.0`` / ``v0.33`` / ``0.33.0-cu130`` -> (0, 33)."""
+    found = _RELEASE.match(release) if release else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def image_release(image: object) -> str | None:
+    """The vLLM release in an image reference whose repository is vLLM's (``vllm/vllm-openai:v0.33.0``);
+    None for any other image, a digest-only reference or a tag that names no release."""
+    if not isinstance(image, str) or "@" in image or len(image) > 512:
+        return None
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return None
+    repository = name.rsplit("/", 1)[-1]
+    if repository not in _IMAGE_REPOSITORIES:
+        return None
+    found = _RELEASE.match(tag)
+    return f"{found.group(1)}.{found.group(2)}.{found.group(3) or 0}" if found else None
+
+
+def off_by_failing_mnnvl(release: str | None, workspace: contract.MnnvlWorkspace | None) -> bool:
+    """Whether ``mnnvl`` turns every FlashInfer allreduce path of ``release`` off on a node whose own
+    mnnvl workspace creation ended in ``workspace``."""
+    line = line_of(release)
+    return line is not None and workspace is not None and workspace in OFF_BY_FAILING_MNNVL.get(line, frozenset())
