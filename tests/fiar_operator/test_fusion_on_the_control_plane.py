@@ -1,6 +1,7 @@
 """End to end on the real control plane: a Deployment over nodes with different verdicts. Each bound
 pod's annotations, expanded as the kubelet does, give its vLLM container the fusion its node allows;
-a node whose verdict changes flips them; a command fiar cannot change is reported."""
+a node whose verdict changes flips them; the multicast guard follows each node's multicast fact; a
+command fiar cannot change is reported."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ pytestmark = pytest.mark.controlplane
 
 COMMAND = ["vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "8000", "--tensor-parallel-size", "2"]
 OFF = "-cc.pass_config.fuse_allreduce_rms=false"
+U = contract.LABEL_MULTICAST_USABLE
+GUARDED = {g.env: g.off for g in contract.MULTICAST_GUARD}
+OPEN = {g.env: g.own for g in contract.MULTICAST_GUARD}
+
+
+def guard_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: env[k] for k in GUARDED}
+
+
 ON = "-cc.pass_config.fuse_allreduce_rms=null"
 
 
@@ -32,11 +42,32 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
     operator: Any, kit: Any, namespace: str
 ) -> None:
     nodes = {
-        f"m-{kit.unique}": ({contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass"}, "mnnvl", ON, "1"),
-        f"t-{kit.unique}": ({contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass"}, "trtllm", ON, "1"),
+        f"m-{kit.unique}": (
+            {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass", U: "verified"},
+            "mnnvl",
+            ON,
+            "1",
+        ),
+        # The fabric-manager-down row: trtllm verified, multicast broken.
+        f"t-{kit.unique}": (
+            {contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass", U: "broken"},
+            "trtllm",
+            ON,
+            "1",
+        ),
         # The NVL-bridge row: mnnvl failed, trtllm passed but is slower than NCCL.
-        f"n-{kit.unique}": ({contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "pass"}, "trtllm", OFF, "0"),
-        f"p-{kit.unique}": ({contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail"}, "auto", OFF, "0"),
+        f"n-{kit.unique}": (
+            {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "pass", U: "broken"},
+            "trtllm",
+            OFF,
+            "0",
+        ),
+        f"p-{kit.unique}": (
+            {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail", U: "absent"},
+            "auto",
+            OFF,
+            "0",
+        ),
     }
     for name, (labels, *_rest) in nodes.items():
         kit.node(name, None, **labels)
@@ -77,8 +108,10 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
         assert argv == [*COMMAND, flag], "the user's arguments, then the fusion flag, never an empty one"
         assert env[contract.ENV_VAR] == backend
         assert env[contract.ENV_ALLREDUCE_USE_FLASHINFER] == standalone
+        assert guard_env(env) == (OPEN if node.startswith("m-") else GUARDED)
         decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
         assert decision["trigger"] == "binding" and decision["fusion"] == ("on" if flag == ON else "off")
+        assert decision["guard"] is (not node.startswith("m-"))
         on_node.setdefault(node, []).append(pod["metadata"]["name"])
     assert set(on_node) == set(nodes)
 
@@ -88,12 +121,31 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
 
     kit.wait(lambda: fusion_off(len(on_node[f"n-{kit.unique}"]) + len(on_node[f"p-{kit.unique}"])), 30, "fusionOff")
 
+    def counted(key: str, count: int) -> bool:
+        return bool((kit.get_policy(policy).get("status") or {}).get("pods", {}).get(key) == count)
+
+    guarded = sum(len(on_node[n]) for n in nodes if not n.startswith("m-"))
+    kit.wait(lambda: counted("multicastGuarded", guarded), 30, "multicastGuarded")
+    # vLLM 0.33.0 on the none nodes, whose mnnvl workspace end is not known: the model-level paths stay on.
+    kit.wait(
+        lambda: counted("flashinferNotTurnedOff", len(on_node[f"n-{kit.unique}"]) + len(on_node[f"p-{kit.unique}"])),
+        30,
+        "flashinferNotTurnedOff",
+    )
+    name = on_node[f"n-{kit.unique}"][0]
+    (warning, *_more) = kit.wait(
+        lambda: [e for e in kit.events(namespace, name) if e["reason"] == "FlashInferNotTurnedOff"],
+        30,
+        "FlashInferNotTurnedOff",
+    )
+    assert "model-level" in warning["message"] and "0.33.0" in warning["message"]
+
     # The NVL-bridge node verifies trtllm after a fabric repair: its pods get the fusion back.
     bridge = f"n-{kit.unique}"
-    kit.relabel(bridge, {contract.LABEL_BACKEND: "trtllm"})
-    # The healthy node loses its verdict: its pods get the fusion off.
+    kit.relabel(bridge, {contract.LABEL_BACKEND: "trtllm", U: "verified"})
+    # The healthy node loses its verdict: its pods get the fusion off and the guard on.
     healthy = f"m-{kit.unique}"
-    kit.relabel(healthy, {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail"})
+    kit.relabel(healthy, {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "fail", U: "broken"})
     for node, flag, backend, standalone in ((bridge, ON, "trtllm", "1"), (healthy, OFF, "auto", "0")):
         for name in on_node[node]:
 
@@ -103,12 +155,13 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
             kit.wait(flipped, 30, f"pod {name} on {node} re-annotated")
             _argv, env = process(get(kit, namespace, name))
             assert (env[contract.ENV_VAR], env[contract.ENV_ALLREDUCE_USE_FLASHINFER]) == (backend, standalone)
+            assert guard_env(env) == (OPEN if node == bridge else GUARDED)
 
             def warned(name: str = name) -> list[dict[str, Any]]:
                 return [e for e in kit.events(namespace, name) if e["reason"] == "NodeVerdictChanged"]
 
             (event, *_more) = kit.wait(warned, 30, f"NodeVerdictChanged event on {name}")
-            assert "fusion" in event["message"]
+            assert "fusion" in event["message"] and "multicast guard" in event["message"]
     decision = json.loads(
         get(kit, namespace, on_node[bridge][0])["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION]
     )
@@ -127,7 +180,7 @@ def test_a_command_fiar_does_not_understand_is_left_alone_and_reported(operator:
     kit.running(namespace, 1)
     pod = get(kit, namespace, "shell")
     _argv, env = process(pod)
-    assert env == {contract.ENV_VAR: "trtllm"}, "the backend that runs, and nothing else"
+    assert env == {contract.ENV_VAR: "trtllm", **GUARDED}, "the backend that runs and the guard, nothing else"
 
     def warned() -> list[dict[str, Any]]:
         return [e for e in kit.events(namespace, "shell") if e["reason"] == "FusionNotControlled"]
