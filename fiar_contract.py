@@ -110,9 +110,11 @@ MulticastUsable = Literal["verified", "broken", "absent", "forbidden", "unknown"
 """verified: the mnnvl test passed; broken: the GPUs say multicast is supported, but the mnnvl test failed
 or the NVLink fabric is not complete; absent: the GPUs or the driver have no multicast; forbidden: the
 host policy turns it off; unknown: not proved either way (node_agent/verdict.py ``multicast_usable``)."""
-MnnvlWorkspace = Literal["created", "null-mc-ptr", "refused"]
-"""created: every rank got a workspace with a multicast pointer; null-mc-ptr: a workspace came back with
-a null multicast pointer; refused: creating it raised an error."""
+MnnvlWorkspace = Literal["created", "no-multicast", "failed-on-every-rank"]
+"""created: every rank got a workspace with a multicast pointer; no-multicast: every GPU's multicast
+attribute reads 0, so FlashInfer refuses an mnnvl workspace before any collective; failed-on-every-rank:
+the attribute reads 1, and creating the workspace failed on every rank (a null multicast pointer or an
+error binding it)."""
 TestResult = Literal["pass", "fail", "timeout", "skipped"]
 
 BACKEND_VERDICTS: Final[tuple[Verdict, ...]] = (*BACKENDS, NO_BACKEND)
@@ -121,7 +123,7 @@ ENV_VALUES: Final[tuple[EnvValue, ...]] = (AUTO, *reversed(BACKENDS))
 MULTICAST_STATES: Final[tuple[Multicast, ...]] = ("supported", "unsupported", "disabled", "unknown")
 MULTICAST_USABLE_STATES: Final[tuple[MulticastUsable, ...]] = ("verified", "broken", "absent", "forbidden", "unknown")
 MULTICAST_VERIFIED: Final = "verified"
-MNNVL_WORKSPACE_STATES: Final[tuple[MnnvlWorkspace, ...]] = ("created", "null-mc-ptr", "refused")
+MNNVL_WORKSPACE_STATES: Final[tuple[MnnvlWorkspace, ...]] = ("created", "no-multicast", "failed-on-every-rank")
 TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
 FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
 ALLREDUCE_USE_FLASHINFER: Final[dict[Fusion, str]] = {"on": "1", "off": "0"}

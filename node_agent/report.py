@@ -57,6 +57,8 @@ MAX_READ_BYTES = 256 * 1024
 _ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
     contract.LABEL_BACKEND: contract.BACKEND_VERDICTS,
     contract.LABEL_MULTICAST: contract.MULTICAST_STATES,
+    contract.LABEL_MULTICAST_USABLE: contract.MULTICAST_USABLE_STATES,
+    contract.LABEL_MNNVL_WORKSPACE: contract.MNNVL_WORKSPACE_STATES,
     **dict.fromkeys(contract.RESULT_LABELS, contract.TEST_RESULTS),
 }
 

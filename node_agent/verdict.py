@@ -21,9 +21,11 @@ Labels (values are exactly those of ``fiar_contract``):
     but the mnnvl test failed, or a GPU's NVLink fabric is not complete (NVSwitch hosts whose fabric
     manager is down: NCCL aborts binding NVLS memory there); ``unknown`` otherwise.
 ``fiar.io/mnnvl-workspace``
-    how the mnnvl test's workspace creation ended (``mnnvl_workspace``): ``created``, ``null-mc-ptr``
-    or ``refused`` (it raised); absent when the test never got to it or crashed in it. An engine that
-    creates the same workspace meets the same end on this node.
+    how an mnnvl workspace ends on this node (``mnnvl_workspace``): ``no-multicast`` when every GPU's
+    multicast attribute reads 0 (FlashInfer refuses it before any collective); ``created`` when the
+    mnnvl test's workspace step completed; ``failed-on-every-rank`` when it failed on every rank (a
+    null multicast pointer or an error); absent otherwise (not tested, a crash or hang in it, or a
+    failure on some ranks only). An engine that creates the same workspace meets the same end.
 ``fiar.io/mnnvl``, ``fiar.io/trtllm``
     the smoke-test result: ``pass``, ``fail``, ``timeout`` or ``skipped``.
 ``fiar.io/gpus``
@@ -229,16 +231,19 @@ def multicast_usable(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutc
     return UsableFinding("unknown", f"multicast usability unknown: the mnnvl test gave no answer ({mnnvl.result})")
 
 
-def mnnvl_workspace(mnnvl: SmokeOutcome) -> contract.MnnvlWorkspace | None:
-    """``fiar.io/mnnvl-workspace``: created (the workspace step completed), null-mc-ptr, refused (an error
-    in the workspace step), or None (the test did not reach it, or a rank crashed or hung in it)."""
+def mnnvl_workspace(inv: Inventory | None, mnnvl: SmokeOutcome) -> contract.MnnvlWorkspace | None:
+    """``fiar.io/mnnvl-workspace``: no-multicast (every GPU's attribute reads 0), created (the workspace
+    step completed), failed-on-every-rank (every rank failed in it: a null multicast pointer or an
+    error), or None."""
+    attrs = [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus] if inv is not None else []
+    if attrs and all(a == 0 for a in attrs):
+        return "no-multicast"
     if mnnvl.result == "pass" or "workspace" in mnnvl.steps:
         return "created"
-    if mnnvl.result != "fail":
-        return None
-    if mnnvl.kind == KIND_NULL_MC_PTR:
-        return "null-mc-ptr"
-    return "refused" if mnnvl.kind == KIND_ERROR and mnnvl.failed_step == "workspace" else None
+    failed_in_workspace = mnnvl.result == "fail" and mnnvl.failed_step == "workspace" and mnnvl.failed_on_every_rank
+    if failed_in_workspace and mnnvl.kind in (KIND_NULL_MC_PTR, KIND_ERROR) and all(a == 1 for a in attrs):
+        return "failed-on-every-rank"
+    return None
 
 
 @dataclass(frozen=True)
@@ -385,7 +390,7 @@ def decide(
     proof = tests[backends.MULTICAST_PROOF]
     multicast = multicast_state(inv, policy, proof)
     usable = multicast_usable(inv, policy, proof)
-    workspace = mnnvl_workspace(proof)
+    workspace = mnnvl_workspace(inv, proof)
     choice = choose_backend(tests, margin)
     conclusion = conclude(inv, tests, choice.backend)
     labels = {

@@ -182,6 +182,8 @@ class SmokeOutcome:
     reused_from: str | None = None
     failed_step: str = ""
     """The step a rank reported failing (``fail`` results of a failed step only)."""
+    failed_on_every_rank: bool = False
+    """Every rank reported failing, in ``failed_step``."""
 
     @classmethod
     def skipped(cls, backend: contract.Backend, kind: str, reason: str, degraded: bool = False) -> SmokeOutcome:
@@ -208,6 +210,8 @@ class SmokeOutcome:
             d["reused_from"] = self.reused_from
         if self.failed_step:
             d["failed_step"] = self.failed_step
+        if self.failed_on_every_rank:
+            d["failed_on_every_rank"] = True
         return d
 
     @classmethod
@@ -232,6 +236,7 @@ class SmokeOutcome:
             duration_s=float(d.get("duration_s", 0.0)),
             reused_from=d.get("reused_from"),
             failed_step=str(d.get("failed_step", "")),
+            failed_on_every_rank=bool(d.get("failed_on_every_rank", False)),
         )
 
 
@@ -426,6 +431,8 @@ class Ruling:
     degraded: bool = False
     step: str = ""
     """The step a rank reported failing, where one did."""
+    every_rank: bool = False
+    """Every rank reported failing in ``step``."""
 
 
 OutcomeRule = Callable[[Ending], Ruling | None]
@@ -479,9 +486,12 @@ def untested_failure(end: Ending) -> Ruling | None:
 
 
 def failed_step(end: Ending) -> Ruling | None:
-    for r, e in end.terminal("fail")[:1]:
-        reason = f"rank {r}, step {e.get('step')}: {e.get('error', 'failed')}"
-        return Ruling("fail", str(e.get("kind", KIND_ERROR)), reason, step=str(e.get("step", "")))
+    failures = end.terminal("fail")
+    for r, e in failures[:1]:
+        step = str(e.get("step", ""))
+        every = len(failures) == end.request.ranks and all(str(f.get("step", "")) == step for _r, f in failures)
+        reason = f"rank {r}, step {step}: {e.get('error', 'failed')}"
+        return Ruling("fail", str(e.get("kind", KIND_ERROR)), reason, step=step, every_rank=every)
     return None
 
 
@@ -592,4 +602,5 @@ def classify(
         child_env=dict(child_env),
         duration_s=child.duration_s,
         failed_step=ruling.step,
+        failed_on_every_rank=ruling.every_rank,
     )

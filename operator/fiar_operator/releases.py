@@ -28,13 +28,21 @@ import fiar_contract as contract
 Line = tuple[int, int]
 
 OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] = {
+    # 0.25.1 has no mc_ptr check, and its FlashInfer 0.6.13 builds the mnnvl workspace on torch
+    # symmetric memory: a null pointer there crashes later (vLLM #48071) whatever the node.
     (0, 25): frozenset(),
-    (0, 27): frozenset(),
-    (0, 32): frozenset(),
-    (0, 33): frozenset(),
+    # 0.27.1 turns a failed workspace into None but does not remember it: every fused call retries.
+    # On a GPU without multicast the retry is a local attribute read that raises (a cost per call,
+    # no collective); a failed bind would repeat the collective multicast setup every call.
+    (0, 27): frozenset({"no-multicast"}),
+    # 0.32 and 0.33 try once and remember the failure; a bind that fails on every rank returns on
+    # every rank (one that fails on some ranks only would leave the others in FlashInfer's barrier).
+    (0, 32): frozenset({"no-multicast", "failed-on-every-rank"}),
+    (0, 33): frozenset({"no-multicast", "failed-on-every-rank"}),
 }
 """Release line -> the node's ``fiar.io/mnnvl-workspace`` ends on which ``mnnvl`` turns every
-FlashInfer allreduce path of that release off without a crash (empty: none does)."""
+FlashInfer allreduce path of that release off without a crash or a hang (empty: none does).
+``created`` is never in a row: a workspace that works turns nothing off."""
 
 FAILING_BACKEND: Final[contract.Backend] = "mnnvl"
 """The value a pod gets where its node's failing workspace of this backend turns every path off."""

@@ -59,22 +59,28 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
     pids: list[int] = []
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+        shown_nodes = {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink",
+                       "h200nvl-bridge-null-multicast", "h100x8-nvswitch-fabric-manager-down"}
         rows = {line.split()[0]: line.split() for line in demo.stdout.splitlines()
-                if line and line.split()[0] in {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink",
-                                                 "h200nvl-bridge-null-multicast"}}
-        # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND FUSION REASON
-        assert rows["h200x2-host"][2:6] == ["disabled", "skipped", "pass", "trtllm"]
-        assert rows["h200x2-host"][7:] == ["trtllm", "on", "Verified"]
-        assert rows["h100x8-nvswitch-healthy"][5] == "mnnvl" and rows["h100x8-nvswitch-healthy"][7:9] == ["mnnvl", "on"]
-        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7:9] == ["auto", "off"]
+                if line and line.split()[0] in shown_nodes}
+        # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND FUSION GUARD REASON
+        assert rows["h200x2-host"][2:6] == ["forbidden", "skipped", "pass", "trtllm"]
+        assert rows["h200x2-host"][7:] == ["trtllm", "on", "on", "Verified"]
+        assert rows["h100x8-nvswitch-healthy"][2] == "verified" and rows["h100x8-nvswitch-healthy"][5] == "mnnvl"
+        assert rows["h100x8-nvswitch-healthy"][7:10] == ["mnnvl", "on", "off"]
+        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7:10] == ["auto", "off", "on"]
         # the NVL-bridge board: trtllm passed but is slower than NCCL -> fusion off, trtllm (never auto)
         assert rows["h200nvl-bridge-null-multicast"][5] == "none"
-        assert rows["h200nvl-bridge-null-multicast"][7:] == ["trtllm", "off", "NotVerified"]
+        assert rows["h200nvl-bridge-null-multicast"][7:] == ["trtllm", "off", "on", "NotVerified"]
+        # the fabric manager is down: trtllm verified and its fusion on, NCCL's NVLS and the rest guarded off
+        assert rows["h100x8-nvswitch-fabric-manager-down"][2] == "broken"
+        assert rows["h100x8-nvswitch-fabric-manager-down"][5] == "trtllm"
+        assert rows["h100x8-nvswitch-fabric-manager-down"][7:] == ["trtllm", "on", "on", "Verified"]
         # the kubectl fiar command printed next to the table shows the same fleet
         printed = next(line for line in demo.stdout.splitlines() if " fiar status --kubeconfig " in line)
         shown = subprocess.run(printed.strip(), shell=True, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
-        assert shown.stdout.startswith("7 GPU nodes: mnnvl 2, trtllm 2, none 3\n"), shown.stdout[:500]
+        assert shown.stdout.startswith("8 GPU nodes: mnnvl 2, trtllm 3, none 3\n"), shown.stdout[:500]
         pids = _pids(tmp_path)
         assert len(pids) >= 5 + 2 + 1  # plane, at least two agents, the operator
         for name in ("fiar-operator", "agent-h200x2-host"):

@@ -25,6 +25,7 @@ from node_agent.publish import Backoff, NodeState
 H200X2 = {
     contract.LABEL_BACKEND: "trtllm",
     contract.LABEL_MULTICAST: "disabled",
+    contract.LABEL_MULTICAST_USABLE: "forbidden",
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "pass",
     contract.LABEL_GPUS: "2",
@@ -32,6 +33,8 @@ H200X2 = {
 H200X1 = {
     contract.LABEL_BACKEND: "none",
     contract.LABEL_MULTICAST: "disabled",
+    contract.LABEL_MULTICAST_USABLE: "forbidden",
+    contract.LABEL_MNNVL_WORKSPACE: "no-multicast",
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "skipped",
     contract.LABEL_GPUS: "1",

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.controlplane
 EXPECTED_H200X2 = {
     contract.LABEL_BACKEND: "trtllm",
     contract.LABEL_MULTICAST: "disabled",
+    contract.LABEL_MULTICAST_USABLE: "forbidden",
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "pass",
     contract.LABEL_GPUS: "2",

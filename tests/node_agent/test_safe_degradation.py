@@ -18,9 +18,10 @@ from node_agent import inventory, report
 from node_agent.hardware import SimulatedHardware
 from node_agent.probe import ProbeConfig, arch_mismatch, probe
 
-B, M, MN, T, G = (
+B, M, U, MN, T, G = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
+    contract.LABEL_MULTICAST_USABLE,
     contract.LABEL_MNNVL,
     contract.LABEL_TRTLLM,
     contract.LABEL_GPUS,
@@ -52,7 +53,7 @@ def test_unreadable_gpus_give_a_degraded_verdict(
         environ={},
     )
     assert time.monotonic() - start < 20
-    assert result.labels == {M: "unknown", MN: "skipped", T: "skipped", G: "0"}, "no backend label: not probed"
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}, "no backend label: not probed"
     assert result.exit_code == 1
     assert result.report["reasons"][0].startswith(reason)
     assert result.report["inventory"] == {"error": result.report["reasons"][0]}
@@ -66,7 +67,7 @@ def test_busy_gpus_are_not_tested(host_file: Callable[..., Path], recorder: Call
     hw = recorder(host_file("h200x2-host", _busy))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "disabled", MN: "skipped", T: "skipped", G: "2"}, "busy is not a verified none"
+    assert result.labels == {M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "2"}, "busy is not a verified none"
     assert any(
         r.startswith("no verdict: no backend passed and trtllm could not be tested") for r in result.report["reasons"]
     )
@@ -129,7 +130,7 @@ def test_one_gpu_is_a_clean_verdict(host_file: Callable[..., Path], recorder: Ca
     hw = recorder(host_file("h200x2-host", _single))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {B: "none", M: "unknown", MN: "skipped", T: "skipped", G: "1"}
+    assert result.labels == {B: "none", M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "1"}
     assert result.exit_code == 0, "one GPU is not a degraded node"
     assert any("1 GPU, no allreduce between GPUs" in r for r in result.report["reasons"])
 
@@ -139,7 +140,7 @@ def test_no_gpus_is_a_clean_verdict(host_file: Callable[..., Path]) -> None:
         doc.update(gpus=[], cuda_attributes=[], p2p={}, env={})
 
     result = probe(SimulatedHardware(host_file("h200x2-host", none)), ProbeConfig(), environ={})
-    assert result.labels == {B: "none", M: "unknown", MN: "skipped", T: "skipped", G: "0"}
+    assert result.labels == {B: "none", M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}
     assert result.exit_code == 0
 
 
@@ -151,7 +152,7 @@ def test_missing_software_skips_the_tests(
     hw = recorder(host_file("h100x8-nvswitch-healthy", _sim(software=software)))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "unknown", MN: "skipped", T: "skipped", G: "8"}
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "8"}
     assert f"{missing} not installed" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
 

@@ -74,7 +74,7 @@ def test_kernels_not_prebuilt_without_a_message_ends_cleanly() -> None:
 def test_only_the_first_terminal_event_of_a_rank_counts() -> None:
     ranks = end([fail("workspace", "boom"), {"step": "x", "status": "missing"}])
     assert oc.software_missing(ranks) is None
-    assert oc.failed_step(ranks) == Ruling("fail", "error", "rank 0, step workspace: boom")
+    assert oc.failed_step(ranks) == Ruling("fail", "error", "rank 0, step workspace: boom", step="workspace")
 
 
 def test_an_infrastructure_failure_on_any_rank_says_the_backend_was_not_tested() -> None:
@@ -90,7 +90,7 @@ def test_an_infrastructure_failure_on_any_rank_says_the_backend_was_not_tested()
 def test_a_failed_step_keeps_the_kind_the_rank_reported() -> None:
     assert oc.untested_failure(end([*TO_JIT, fail("workspace", "null", "null_mc_ptr")])) is None
     ruling = oc.failed_step(end([*TO_JIT, fail("workspace", "null", "null_mc_ptr")]))
-    assert ruling == Ruling("fail", "null_mc_ptr", "rank 0, step workspace: null")
+    assert ruling == Ruling("fail", "null_mc_ptr", "rank 0, step workspace: null", step="workspace")
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ EXPECTED = {
         B: "none",
         M: "unsupported",
         U: "broken",
-        W: "null-mc-ptr",
+        W: "failed-on-every-rank",
         MN: "fail",
         T: "pass",
         G: "8",
@@ -48,7 +48,7 @@ EXPECTED = {
         B: "none",
         M: "unsupported",
         U: "absent",
-        W: "null-mc-ptr",
+        W: "no-multicast",
         MN: "fail",
         T: "fail",
         G: "4",
@@ -58,7 +58,7 @@ EXPECTED = {
         B: "trtllm",
         M: "unknown",
         U: "broken",
-        W: "refused",
+        W: "failed-on-every-rank",
         MN: "fail",
         T: "pass",
         G: "8",
@@ -79,7 +79,7 @@ EXPECTED = {
 RECORDED_DEVICE_HOSTS = {
     # recorded by bench/agent_gpu_verify.sh on the device hosts (see BENCHMARKS.md)
     "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2"},
-    "h200x1-device": {B: "none", M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "1"},
+    "h200x1-device": {B: "none", M: "disabled", U: "forbidden", W: "no-multicast", MN: "skipped", T: "skipped", G: "1"},
 }
 
 
@@ -148,4 +148,5 @@ def test_a_fabric_manager_fault_reads_broken_although_the_device_attribute_says_
     doc = json.loads((hardware.FIXTURES / "h100x8-nvswitch-fabric-manager-down.json").read_text())
     assert all(a["MULTICAST_SUPPORTED"] == 1 for a in doc["cuda_attributes"])
     assert any("fabric" in r and "not complete" in r for r in result.report["reasons"])
-    assert result.report["tests"]["mnnvl"]["failed_step"] == "workspace"
+    mnnvl = result.report["tests"]["mnnvl"]
+    assert (mnnvl["failed_step"], mnnvl["failed_on_every_rank"]) == ("workspace", True)

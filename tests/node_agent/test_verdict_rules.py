@@ -71,21 +71,21 @@ TR_PASS, TR_ERR = passed("trtllm"), failed("trtllm")
 
 
 @pytest.mark.parametrize(
-    ("host", "policy", "mnnvl", "trtllm", "backend", "multicast", "status"),
+    ("host", "policy", "mnnvl", "trtllm", "backend", "multicast", "status", "usable", "workspace"),
     [
-        (TWO, NO_POLICY, MN_PASS, TR_PASS, "mnnvl", "supported", "ok"),
-        (TWO, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok"),
-        (TWO, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unknown", "ok"),
-        (TWO, FORBID, MN_POLICY, TR_PASS, "trtllm", "disabled", "ok"),
-        (TWO, FORBID, MN_POLICY, TR_ERR, "none", "disabled", "ok"),
-        (ZERO_ATTR, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok"),
-        (NOT_EXPORTED, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unsupported", "ok"),
-        (TWO, NO_POLICY, MN_HANG, TR_PASS, "trtllm", "unknown", "degraded"),
-        (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
-        (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok"),
-        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, None, "unknown", "degraded"),  # nothing conclusive: no backend label
-        (TWO, NO_POLICY, MN_HANG, TR_BUSY, None, "unknown", "degraded"),  # trtllm untested: maybe it works
-        (TWO, NO_POLICY, MN_HANG, TR_ERR, "none", "unknown", "degraded"),  # a timeout is a finding
+        (TWO, NO_POLICY, MN_PASS, TR_PASS, "mnnvl", "supported", "ok", "verified", "created"),
+        (TWO, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok", "broken", None),
+        (TWO, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unknown", "ok", "broken", None),
+        (TWO, FORBID, MN_POLICY, TR_PASS, "trtllm", "disabled", "ok", "forbidden", None),
+        (TWO, FORBID, MN_POLICY, TR_ERR, "none", "disabled", "ok", "forbidden", None),
+        (ZERO_ATTR, NO_POLICY, MN_NULL, TR_PASS, "trtllm", "unsupported", "ok", "absent", None),
+        (NOT_EXPORTED, NO_POLICY, MN_ERR, TR_PASS, "trtllm", "unsupported", "ok", "absent", None),
+        (TWO, NO_POLICY, MN_HANG, TR_PASS, "trtllm", "unknown", "degraded", "unknown", None),
+        (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok", "unknown", None),
+        (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok", "unknown", None),
+        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, None, "unknown", "degraded", "unknown", None),  # nothing conclusive: no backend label
+        (TWO, NO_POLICY, MN_HANG, TR_BUSY, None, "unknown", "degraded", "unknown", None),  # trtllm untested: maybe it works
+        (TWO, NO_POLICY, MN_HANG, TR_ERR, "none", "unknown", "degraded", "unknown", None),  # a timeout is a finding
     ],
 )
 def test_labels_follow_the_rules(
@@ -96,11 +96,15 @@ def test_labels_follow_the_rules(
     backend: str | None,
     multicast: str,
     status: str,
+    usable: str,
+    workspace: str | None,
 ) -> None:
     verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": trtllm})
     expected = {
         contract.LABEL_BACKEND: backend,
         contract.LABEL_MULTICAST: multicast,
+        contract.LABEL_MULTICAST_USABLE: usable,
+        contract.LABEL_MNNVL_WORKSPACE: workspace,
         contract.LABEL_MNNVL: mnnvl.result,
         contract.LABEL_TRTLLM: trtllm.result,
         contract.LABEL_GPUS: str(len(host.gpus)),
@@ -136,6 +140,7 @@ PREVIOUS = PreviousVerdict(
     {
         contract.LABEL_BACKEND: "trtllm",
         contract.LABEL_MULTICAST: "disabled",
+        contract.LABEL_MULTICAST_USABLE: "forbidden",
         contract.LABEL_MNNVL: "skipped",
         contract.LABEL_TRTLLM: "pass",
     },
@@ -396,3 +401,44 @@ def test_claiming_nothing_leaves_the_backend_label_out() -> None:
     assert contract.LABEL_BACKEND not in settled.labels
     assert settled.backend is None and settled.kept_from is None
     assert settled.reason is not None and "mnnvl and trtllm could not be tested" in settled.reason
+
+
+INCOMPLETE = inventory.Fabric(state=1, status=0, clique_id=0, cluster_uuid="0" * 32)
+COMPLETE = inventory.Fabric(state=inventory.FABRIC_STATE_COMPLETED, status=0, clique_id=0, cluster_uuid="0" * 32)
+MN_BIND_EVERY_RANK = SmokeOutcome(
+    "mnnvl", "fail", "error", reason="rank 0, step workspace: CUDA error 401", failed_step="workspace",
+    failed_on_every_rank=True,
+)  # fmt: skip
+MN_NULL_EVERY_RANK = dataclasses.replace(MN_BIND_EVERY_RANK, kind="null_mc_ptr")
+MN_BIND_SOME_RANKS = dataclasses.replace(MN_BIND_EVERY_RANK, failed_on_every_rank=False)
+MN_GRAPH_CRASH = SmokeOutcome("mnnvl", "fail", "crash", steps={"workspace": 0.1, "eager": 0.1}, failed_step="graph")
+
+
+@pytest.mark.parametrize(
+    ("host", "policy", "mnnvl", "usable", "workspace"),
+    [
+        (inv(gpu(0, fabric=COMPLETE), gpu(1, fabric=COMPLETE)), NO_POLICY, MN_PASS, "verified", "created"),
+        # the fabric manager is down: the attribute still reads 1
+        (inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=COMPLETE)), NO_POLICY, MN_BIND_EVERY_RANK, "broken", "failed-on-every-rank"),
+        (inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=INCOMPLETE)), NO_POLICY, MN_PASS, "broken", "created"),
+        (TWO, NO_POLICY, MN_NULL_EVERY_RANK, "broken", "failed-on-every-rank"),
+        (TWO, NO_POLICY, MN_BIND_SOME_RANKS, "broken", None),  # the other ranks may wait in a barrier
+        (TWO, NO_POLICY, MN_GRAPH_CRASH, "broken", "created"),  # the workspace worked; a later step crashed
+        (inv(gpu(0, mc=0), gpu(1, mc=0)), NO_POLICY, MN_ERR, "absent", "no-multicast"),
+        (ZERO_ATTR, NO_POLICY, MN_ERR, "absent", None),  # one GPU without multicast: not every rank refuses
+        (inv(gpu(0, mc=0), gpu(1, mc=0)), FORBID, MN_POLICY, "forbidden", "no-multicast"),
+        (TWO, NO_POLICY, MN_HANG, "unknown", None),
+    ],
+)  # fmt: skip
+def test_multicast_usability_and_the_mnnvl_workspace_end_follow_the_rules(
+    host: inventory.Inventory, policy: HostPolicy, mnnvl: SmokeOutcome, usable: str, workspace: str | None
+) -> None:
+    verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": TR_PASS})
+    assert verdict.labels[contract.LABEL_MULTICAST_USABLE] == usable
+    assert verdict.labels.get(contract.LABEL_MNNVL_WORKSPACE) == workspace
+    assert any(r.startswith(f"multicast {usable}") or r.startswith("multicast usability") for r in verdict.reasons)
+
+
+def test_an_inconclusive_probe_keeps_the_previous_multicast_usability() -> None:
+    verdict = decide(TWO, NO_POLICY, {"mnnvl": MN_HANG, "trtllm": TR_BUSY}, previous=PREVIOUS)
+    assert verdict.labels[contract.LABEL_MULTICAST_USABLE] == "forbidden"

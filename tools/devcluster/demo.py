@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 NAMESPACE = "inference"
 FUSION = {"false": "off", "null": "on"}
 """fiar.io/fuse-allreduce-rms as the container reads it: off, or on (the container's own setting)."""
-LABEL_COLUMNS = (contract.LABEL_GPUS, contract.LABEL_MULTICAST, *contract.RESULT_LABELS, contract.LABEL_BACKEND)
+LABEL_COLUMNS = (contract.LABEL_GPUS, contract.LABEL_MULTICAST_USABLE, *contract.RESULT_LABELS, contract.LABEL_BACKEND)
 
 
 def _say(msg: str) -> None:
@@ -205,7 +205,7 @@ def table(plane: ControlPlane) -> str:
         nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
         pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=vllm").items
     results = (b.upper() for b in contract.BACKENDS)
-    rows = [("NODE", "GPUS", "MULTICAST", *results, "VERDICT", "POD", "POD BACKEND", "FUSION", "REASON")]
+    rows = [("NODE", "GPUS", "MULTICAST", *results, "VERDICT", "POD", "POD BACKEND", "FUSION", "GUARD", "REASON")]
     for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
         labels = nodes.get(pod.spec.node_name, {})
         decision = json.loads((pod.metadata.annotations or {}).get("fiar.io/decision", "{}"))
@@ -216,6 +216,7 @@ def table(plane: ControlPlane) -> str:
                 pod.metadata.name,
                 (pod.metadata.annotations or {}).get("fiar.io/backend", "-"),
                 FUSION.get((pod.metadata.annotations or {}).get("fiar.io/fuse-allreduce-rms", ""), "-"),
+                {True: "on", False: "off"}.get(decision.get("guard"), "-"),
                 str(decision.get("reason", "-")),
             )
         )
