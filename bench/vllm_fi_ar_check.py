@@ -170,7 +170,7 @@ def _callers(root: Path) -> list[dict[str, Any]]:
         if not words:
             continue
         if {"McastGPUBuffer", "mnnvl_cutedsl"} & set(words) and "get_fi_ar_workspace(" not in words:
-            route = "own FlashInfer multicast buffer (not through get_fi_ar_workspace)"
+            route = "own multicast buffer (names McastGPUBuffer or mnnvl_cutedsl), not through get_fi_ar_workspace"
         elif "get_fi_ar_workspace(" in words:
             route = "get_fi_ar_workspace"
         elif "_can_use_flashinfer(" in words:
