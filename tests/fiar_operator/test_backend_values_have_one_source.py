@@ -151,6 +151,7 @@ SPEC_FIELDS = {
     "groupKeyLabel": "group_key_label",
     "fusionControl": "fusion_control",
     "respectExplicitFusion": "respect_explicit_fusion",
+    "multicastGuard": "multicast_guard",
     "imexChannel": "imex_channel",
     "imexChannelClaims": "imex_claims",
 }

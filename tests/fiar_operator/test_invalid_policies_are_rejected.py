@@ -90,6 +90,7 @@ def test_valid_policy_is_stored_with_defaults(crd_c: Any, unique: str) -> None:
             "groupKeyLabel": "leaderworkerset.sigs.k8s.io/group-key",
             "fusionControl": "Enabled",
             "respectExplicitFusion": True,
+            "multicastGuard": "Enabled",
             "imexChannel": "Claim",
             "imexChannelClaims": ["mnnvl-claim", "*imex*", "*channel*", "*compute-domain*"],
         }

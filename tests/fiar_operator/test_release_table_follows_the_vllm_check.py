@@ -1,0 +1,45 @@
+"""The operator's table of vLLM releases (``releases.OFF_BY_FAILING_MNNVL``) says exactly what
+``bench/vllm_fi_ar_check.py`` found when it ran each release's own workspace code on CPU with the one
+GPU call stood in (its results are in bench/results/vllm-fi-ar-check/results.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fiar_operator import releases
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "vllm-fi-ar-check" / "results.json"
+CHECKED: dict[str, Any] = json.loads(RESULTS.read_text())["versions"]
+
+
+def _mnnvl(version: dict[str, Any]) -> dict[str, str]:
+    return {r["case"]: r["outcome"] for r in version["rows"] if r["env"] == "mnnvl"}
+
+
+def test_every_release_line_in_the_table_was_checked_and_every_checked_one_is_in_it() -> None:
+    assert {releases.line_of(v) for v in CHECKED} == set(releases.OFF_BY_FAILING_MNNVL)
+
+
+@pytest.mark.parametrize("version", sorted(CHECKED))
+def test_a_row_holds_a_workspace_end_only_where_mnnvl_turned_every_path_off(version: str) -> None:
+    found = CHECKED[version]
+    outcome = _mnnvl(found)
+    line = releases.line_of(version)
+    assert line is not None
+    row = releases.OFF_BY_FAILING_MNNVL[line]
+    # Without multicast the pinned FlashInfer either raises (a) or hands back a null pointer (b).
+    assert ("no-multicast" in row) == (outcome["a"] == "off" and outcome["b"] == "off")
+    # A failed bind on every rank (b: a null pointer on a device that reads 1, c: an error) must be
+    # remembered: a release that retries repeats the collective multicast setup on every call.
+    every_rank = outcome["b"] == "off" and outcome["c"] == "off" and found["facts"]["failure_cached"]
+    assert ("failed-on-every-rank" in row) == every_rank
+    assert "created" not in row and outcome["e"].startswith("on:"), "a working workspace turns nothing off"
+    shared = {c["route"].split(" -> ")[-1] for c in found["callers"] if not c["route"].startswith("own multicast")}
+    assert shared == {"get_fi_ar_workspace"}, "every shared caller reads the one workspace that fails"
+    own = sorted(c["file"] for c in found["callers"] if c["route"].startswith("own multicast"))
+    page = (RESULTS.parents[3] / "docs" / "vllm-flashinfer-paths.md").read_text()
+    assert all(Path(f).parent.name in page or f in page for f in own), "model files with their own buffers are named"
