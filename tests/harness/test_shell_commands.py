@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def devcluster(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"), "FIAR_DEVCLUSTER_DIR": str(workdir)}
-    return subprocess.run([sys.executable, "-m", "devcluster", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "devcluster", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -59,16 +60,28 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
     pids: list[int] = []
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-        shown_nodes = {"h200x2-host", "h100x8-nvswitch-healthy", "h100x4-pcie-no-nvlink",
-                       "h200nvl-bridge-null-multicast", "h100x8-nvswitch-fabric-manager-down"}
-        rows = {line.split()[0]: line.split() for line in demo.stdout.splitlines()
-                if line and line.split()[0] in shown_nodes}
+        shown_nodes = {
+            "h200x2-host",
+            "h100x8-nvswitch-healthy",
+            "h100x4-pcie-no-nvlink",
+            "h200nvl-bridge-null-multicast",
+            "h100x8-nvswitch-fabric-manager-down",
+        }
+        rows = {
+            line.split()[0]: line.split()
+            for line in demo.stdout.splitlines()
+            if line and line.split()[0] in shown_nodes
+        }
         # columns: NODE GPUS MULTICAST MNNVL TRTLLM VERDICT POD POD-BACKEND FUSION GUARD REASON
         assert rows["h200x2-host"][2:6] == ["forbidden", "skipped", "pass", "trtllm"]
         assert rows["h200x2-host"][7:] == ["trtllm", "on", "on", "Verified"]
         assert rows["h100x8-nvswitch-healthy"][2] == "verified" and rows["h100x8-nvswitch-healthy"][5] == "mnnvl"
         assert rows["h100x8-nvswitch-healthy"][7:10] == ["mnnvl", "on", "off"]
-        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7:10] == ["auto", "off", "on"]
+        assert rows["h100x4-pcie-no-nvlink"][5] == "none" and rows["h100x4-pcie-no-nvlink"][7:10] == [
+            "auto",
+            "off",
+            "on",
+        ]
         # the NVL-bridge board: trtllm passed but is slower than NCCL -> fusion off, trtllm (never auto)
         assert rows["h200nvl-bridge-null-multicast"][5] == "none"
         assert rows["h200nvl-bridge-null-multicast"][7:] == ["trtllm", "off", "on", "NotVerified"]
@@ -128,9 +141,19 @@ def test_down_never_kills_a_process_that_reused_a_recorded_pid(tmp_path: Path) -
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        state = {"tier": "A", "server": "https://127.0.0.1:1", "kubeconfig": str(tmp_path / "kubeconfig"),
-                 "components": {"kube-apiserver": {"pid": bystander.pid, "argv": ["/opt/kube-apiserver"],
-                                                   "log": str(tmp_path / "log"), "health": "https://127.0.0.1:1/"}}}
+        state = {
+            "tier": "A",
+            "server": "https://127.0.0.1:1",
+            "kubeconfig": str(tmp_path / "kubeconfig"),
+            "components": {
+                "kube-apiserver": {
+                    "pid": bystander.pid,
+                    "argv": ["/opt/kube-apiserver"],
+                    "log": str(tmp_path / "log"),
+                    "health": "https://127.0.0.1:1/",
+                }
+            },
+        }
         (tmp_path / "state.json").write_text(json.dumps(state))
         assert devcluster(tmp_path, "down").returncode == 0
         assert bystander.poll() is None, "down killed a process it had not started"

@@ -53,7 +53,9 @@ def test_unreadable_gpus_give_a_degraded_verdict(
         environ={},
     )
     assert time.monotonic() - start < 20
-    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}, "no backend label: not probed"
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}, (
+        "no backend label: not probed"
+    )
     assert result.exit_code == 1
     assert result.report["reasons"][0].startswith(reason)
     assert result.report["inventory"] == {"error": result.report["reasons"][0]}
@@ -67,7 +69,9 @@ def test_busy_gpus_are_not_tested(host_file: Callable[..., Path], recorder: Call
     hw = recorder(host_file("h200x2-host", _busy))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "2"}, "busy is not a verified none"
+    assert result.labels == {M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "2"}, (
+        "busy is not a verified none"
+    )
     assert any(
         r.startswith("no verdict: no backend passed and trtllm could not be tested") for r in result.report["reasons"]
     )

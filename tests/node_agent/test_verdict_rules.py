@@ -83,8 +83,28 @@ TR_PASS, TR_ERR = passed("trtllm"), failed("trtllm")
         (TWO, NO_POLICY, MN_HANG, TR_PASS, "trtllm", "unknown", "degraded", "unknown", None),
         (ONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok", "unknown", None),
         (NONE, NO_POLICY, MN_NA, TR_NA, "none", "unknown", "ok", "unknown", None),
-        (TWO, NO_POLICY, MN_BUSY, TR_BUSY, None, "unknown", "degraded", "unknown", None),  # nothing conclusive: no backend label
-        (TWO, NO_POLICY, MN_HANG, TR_BUSY, None, "unknown", "degraded", "unknown", None),  # trtllm untested: maybe it works
+        (
+            TWO,
+            NO_POLICY,
+            MN_BUSY,
+            TR_BUSY,
+            None,
+            "unknown",
+            "degraded",
+            "unknown",
+            None,
+        ),  # nothing conclusive: no backend label
+        (
+            TWO,
+            NO_POLICY,
+            MN_HANG,
+            TR_BUSY,
+            None,
+            "unknown",
+            "degraded",
+            "unknown",
+            None,
+        ),  # trtllm untested: maybe it works
         (TWO, NO_POLICY, MN_HANG, TR_ERR, "none", "unknown", "degraded", "unknown", None),  # a timeout is a finding
     ],
 )
@@ -411,6 +431,7 @@ MN_BIND_EVERY_RANK = SmokeOutcome(
 )  # fmt: skip
 MN_NULL_EVERY_RANK = dataclasses.replace(MN_BIND_EVERY_RANK, kind="null_mc_ptr")
 MN_BIND_SOME_RANKS = dataclasses.replace(MN_BIND_EVERY_RANK, failed_on_every_rank=False)
+FM_DOWN = inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=COMPLETE))
 MN_GRAPH_CRASH = SmokeOutcome("mnnvl", "fail", "crash", steps={"workspace": 0.1, "eager": 0.1}, failed_step="graph")
 
 
@@ -419,7 +440,7 @@ MN_GRAPH_CRASH = SmokeOutcome("mnnvl", "fail", "crash", steps={"workspace": 0.1,
     [
         (inv(gpu(0, fabric=COMPLETE), gpu(1, fabric=COMPLETE)), NO_POLICY, MN_PASS, "verified", "created"),
         # the fabric manager is down: the attribute still reads 1
-        (inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=COMPLETE)), NO_POLICY, MN_BIND_EVERY_RANK, "broken", "failed-on-every-rank"),
+        (FM_DOWN, NO_POLICY, MN_BIND_EVERY_RANK, "broken", "failed-on-every-rank"),
         (inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=INCOMPLETE)), NO_POLICY, MN_PASS, "broken", "created"),
         (TWO, NO_POLICY, MN_NULL_EVERY_RANK, "broken", "failed-on-every-rank"),
         (TWO, NO_POLICY, MN_BIND_SOME_RANKS, "broken", None),  # the other ranks may wait in a barrier
@@ -436,7 +457,7 @@ def test_multicast_usability_and_the_mnnvl_workspace_end_follow_the_rules(
     verdict = decide(host, policy, {"mnnvl": mnnvl, "trtllm": TR_PASS})
     assert verdict.labels[contract.LABEL_MULTICAST_USABLE] == usable
     assert verdict.labels.get(contract.LABEL_MNNVL_WORKSPACE) == workspace
-    assert any(r.startswith(f"multicast {usable}") or r.startswith("multicast usability") for r in verdict.reasons)
+    assert any(r.startswith((f"multicast {usable}", "multicast usability")) for r in verdict.reasons)
 
 
 def test_an_inconclusive_probe_keeps_the_previous_multicast_usability() -> None:

@@ -346,11 +346,20 @@ def _printed(rel: Release, name: str, namespace: str | None = None, restarts: in
         return wait_for(line, 30, f"{name} printed its environment")
 
 
-def _set_verdict(rel: Release, backend: str, trtllm: str | None) -> None:
+def _set_verdict(rel: Release, backend: str, trtllm: str | None, usable: str | None = None) -> None:
+    labels = {contract.LABEL_BACKEND: backend, contract.LABEL_TRTLLM: trtllm}
+    if usable is not None:
+        labels[contract.LABEL_MULTICAST_USABLE] = usable
     with rel.api() as api:
-        client.CoreV1Api(api).patch_node(
-            rel.node.name, {"metadata": {"labels": {contract.LABEL_BACKEND: backend, contract.LABEL_TRTLLM: trtllm}}}
-        )
+        client.CoreV1Api(api).patch_node(rel.node.name, {"metadata": {"labels": labels}})
+
+
+GUARD_ON = {g.env: g.off for g in contract.MULTICAST_GUARD}
+GUARD_OFF = {g.env: g.own for g in contract.MULTICAST_GUARD}
+
+
+def _guard(printed: dict[str, Any]) -> dict[str, str | None]:
+    return {k: printed["env"].get(k) for k in GUARD_ON}
 
 
 def _annotation(rel: Release, name: str) -> str | None:
@@ -410,6 +419,8 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     # A verified backend: the fusion is the container's own (null), the standalone allreduce on.
     assert first["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2", FUSION_FLAG + "null"]
     assert first["env"][contract.ENV_ALLREDUCE_USE_FLASHINFER] == "1"
+    # The agent found multicast forbidden by the host: NCCL's NVLS and the rest stay off multicast.
+    assert _guard(first) == GUARD_ON
     # Decided by both webhooks, which the API server reached through the chart's Service: the pod
     # webhook at create (the policy label), the binding webhook when the scheduler bound it.
     with release.api() as api:
@@ -418,8 +429,9 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     decision = json.loads(pod.metadata.annotations[contract.ANNOTATION_POD_DECISION])
     assert (decision["backend"], decision["trigger"]) == ("trtllm", "binding"), decision
 
-    # mnnvl without a trtllm pass: trtllm is no longer verified, the pod drifts to mnnvl.
-    _set_verdict(release, "mnnvl", None)
+    # mnnvl without a trtllm pass: trtllm is no longer verified, the pod drifts to mnnvl, and its
+    # node's multicast is verified: the multicast consumers keep their own defaults.
+    _set_verdict(release, "mnnvl", None, "verified")
     wait_for(lambda: _annotation(release, "on-trtllm") == "mnnvl", 60, "on-trtllm re-annotated after drift")
     _restart_container(release, "on-trtllm", "mnnvl")
     restarted = _printed(release, "on-trtllm", restarts=1)["env"][ENV]
@@ -431,16 +443,19 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
         restarted = _printed(release, "on-trtllm", restarts=2)["env"][ENV]
     assert restarted == "mnnvl", _diagnose(release, "on-trtllm")
     _standin_on_real_node(release, "on-mnnvl")
-    assert _printed(release, "on-mnnvl")["env"][ENV] == "mnnvl"
+    on_mnnvl = _printed(release, "on-mnnvl")
+    assert on_mnnvl["env"][ENV] == "mnnvl"
+    assert _guard(on_mnnvl) == GUARD_OFF, "NCCL reads the empty value as unset; torch and NVSHMEM read 0"
 
     # none: nothing verified, the policy's fallback.
-    _set_verdict(release, "none", None)
+    _set_verdict(release, "none", None, "broken")
     wait_for(lambda: _annotation(release, "on-mnnvl") == "auto", 60, "on-mnnvl re-annotated to the fallback")
     _standin_on_real_node(release, "on-none")
     on_none = _printed(release, "on-none")
     assert on_none["env"][ENV] == "auto"
     assert on_none["argv"][-1] == FUSION_FLAG + "false"
     assert on_none["env"][contract.ENV_ALLREDUCE_USE_FLASHINFER] == "0"
+    assert _guard(on_none) == GUARD_ON
 
     # none with a passing trtllm test (the NVLink-bridge boards): trtllm, with the fusion off.
     _set_verdict(release, "none", "pass")
@@ -459,13 +474,15 @@ def _eval_form(rel: Release, name: str, **container: Any) -> dict[str, Any]:
     """A stand-in started as KServe's LLMInferenceService starts vLLM: bash evaluates a script that
     expands VLLM_ADDITIONAL_ARGS and the args."""
     body = _standin_pod(name)
-    body["spec"]["containers"][0].update({
-        "image": rel.node.images["vllm-standin"].ref,
-        "command": ["/bin/bash", "-c", EVAL_SCRIPT, "--"],
-        "args": ["--max-model-len=4096"],
-        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
-        **container,
-    })
+    body["spec"]["containers"][0].update(
+        {
+            "image": rel.node.images["vllm-standin"].ref,
+            "command": ["/bin/bash", "-c", EVAL_SCRIPT, "--"],
+            "args": ["--max-model-len=4096"],
+            "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
+            **container,
+        }
+    )
     body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": rel.node.name}
     return body
 
@@ -476,21 +493,32 @@ def test_a_value_that_reaches_a_shell_is_one_argument_and_only_fiars_values_are_
         core.create_namespaced_pod(release.workloads, _eval_form(release, "eval-form"))
         release.created.append((release.workloads, "eval-form"))
         printed = _printed(release, "eval-form")
-        assert printed["argv"][1:] == ["serve", "/models/stand-in", "--tensor-parallel-size", "2",
-                                       "--enable-prefix-caching", printed["argv"][6], "--max-model-len=4096"]
+        assert printed["argv"][1:] == [
+            "serve",
+            "/models/stand-in",
+            "--tensor-parallel-size",
+            "2",
+            "--enable-prefix-caching",
+            printed["argv"][6],
+            "--max-model-len=4096",
+        ]
         assert printed["argv"][6].startswith(FUSION_FLAG), printed["argv"]
         pod = core.read_namespaced_pod("eval-form", release.workloads)
         env = api.sanitize_for_serialization(pod.spec.containers[0].env)  # as the API spells it
 
         # The operator's token cannot write text into the annotation the script reads.
         token = release.plane.service_account_token(NAMESPACE, f"{RELEASE}-operator")
-        kubeconfig = release.plane.write_kubeconfig(release.plane.workdir / "operator-d.kubeconfig",
-                                                    "operator", token=token)
+        kubeconfig = release.plane.write_kubeconfig(
+            release.plane.workdir / "operator-d.kubeconfig", "operator", token=token
+        )
         from kubernetes import config
 
         with config.new_client_from_config(str(kubeconfig)) as operator_api, pytest.raises(ApiException) as denied:
-            client.CoreV1Api(operator_api).patch_namespaced_pod("eval-form", release.workloads, {
-                "metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}}})
+            client.CoreV1Api(operator_api).patch_namespaced_pod(
+                "eval-form",
+                release.workloads,
+                {"metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}}},
+            )
         assert denied.value.status == 422 and contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in denied.value.body
 
         # Only the cluster admin may write it; where fiar does not look, with fiar's variables copied,
@@ -498,8 +526,10 @@ def test_a_value_that_reaches_a_shell_is_one_argument_and_only_fiars_values_are_
         ignored = release.plane.create_namespace("ignored-shell", {contract.NAMESPACE_IGNORE_LABEL: ""})
         try:
             body = _eval_form(release, "hostile", env=env)
-            body["metadata"]["annotations"] = {**(pod.metadata.annotations or {}),
-                                               contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE}
+            body["metadata"]["annotations"] = {
+                **(pod.metadata.annotations or {}),
+                contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: HOSTILE,
+            }
             core.create_namespaced_pod(ignored, body)
             hostile = _printed(release, "hostile", namespace=ignored)
         finally:
