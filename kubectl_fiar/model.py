@@ -311,7 +311,13 @@ def node_record(node: Mapping[str, Any], *, keep_report: bool = False) -> NodeVi
         problem = None
     differ: tuple[str, ...] = ()
     if report is not None:
-        own = (contract.LABEL_BACKEND, contract.LABEL_MULTICAST, *contract.RESULT_LABELS)
+        own = (
+            contract.LABEL_BACKEND,
+            contract.LABEL_MULTICAST,
+            contract.LABEL_MULTICAST_USABLE,
+            contract.LABEL_MNNVL_WORKSPACE,
+            *contract.RESULT_LABELS,
+        )
         differ = tuple(k for k in own if labels.get(k) != report.labels.get(k) and (k in labels or k in report.labels))
     model = (report.models[0] if report and report.models else "") or clean(labels.get(GPU_PRODUCT), 60) or "unknown"
     gpus_raw = labels.get(contract.LABEL_GPUS)
@@ -335,7 +341,9 @@ def node_record(node: Mapping[str, Any], *, keep_report: bool = False) -> NodeVi
         verdict=verdict,
         model=model,
         gpus=gpus,
-        multicast=_label(labels, contract.LABEL_MULTICAST, contract.MULTICAST_STATES),
+        multicast=_label(labels, contract.LABEL_MULTICAST_USABLE, contract.MULTICAST_USABLE_STATES)
+        if contract.LABEL_MULTICAST_USABLE in labels
+        else _label(labels, contract.LABEL_MULTICAST, contract.MULTICAST_STATES),
         results={b: _label(labels, contract.result_label(b), contract.TEST_RESULTS) for b in contract.BACKENDS},
         clique=clean(labels.get(contract.LABEL_CLIQUE) or labels.get(contract.LABEL_GFD_CLIQUE) or "-", 80),
         probe_time=probe_time,
@@ -464,7 +472,17 @@ def pod_record(pod: Mapping[str, Any]) -> PodView:
 
 
 # -- policies ----------------------------------------------------------------------------------------
-POD_COUNTS: Final = ("decided", "fallback", "pending", "fusionOff", "stale", "unconfigured", "fusionUncontrolled")
+POD_COUNTS: Final = (
+    "decided",
+    "fallback",
+    "pending",
+    "fusionOff",
+    "stale",
+    "unconfigured",
+    "fusionUncontrolled",
+    "multicastGuarded",
+    "flashinferNotTurnedOff",
+)
 """The policy status's pod counts, in the order shown; any other integer count (a newer operator's) follows."""
 NODE_COUNTS: Final = (*contract.BACKEND_VERDICTS, UNPROBED, "verified")
 

@@ -86,7 +86,13 @@ def policy_rows(policies: Sequence[PolicyView]) -> list[list[str]]:
 
 
 def _header(key: str) -> str:
-    return {"fusionOff": "FUSION-OFF", "fusionUncontrolled": "UNCONTROLLED"}.get(key, key.upper())
+    headers = {
+        "fusionOff": "FUSION-OFF",
+        "fusionUncontrolled": "UNCONTROLLED",
+        "multicastGuarded": "GUARDED",
+        "flashinferNotTurnedOff": "FI-PATHS-ON",
+    }
+    return headers.get(key, key.upper())
 
 
 def status_text(f: Fleet, style: Style, scope: str) -> str:

@@ -41,15 +41,15 @@ def plane(controlplane_binaries: Any, tmp_path_factory: pytest.TempPathFactory) 
     plane = ControlPlane(tmp_path_factory.mktemp("operator-token-plane"), Tier.B)
     plane.start()
     try:
-        helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-             kubeconfig=plane.kubeconfig)
+        helm("install", "fiar", str(CHART), "--namespace", NAMESPACE, "--create-namespace", kubeconfig=plane.kubeconfig)
         yield plane
     finally:
         plane.stop()
 
 
-def _client(plane: ControlPlane, path: Path, user: str, token: str | None = None,
-            groups: tuple[str, ...] = ()) -> client.ApiClient:
+def _client(
+    plane: ControlPlane, path: Path, user: str, token: str | None = None, groups: tuple[str, ...] = ()
+) -> client.ApiClient:
     kubeconfig = plane.write_kubeconfig(path / f"{user.replace(':', '_')}.kubeconfig", user, groups, token=token)
     return config.new_client_from_config(str(kubeconfig))
 
@@ -86,8 +86,11 @@ def _patch_config(api: client.ApiClient, body: Any, dry_run: str | None = "All",
 def _wait_for_policies(operator_api: client.ApiClient) -> None:
     # The API server loads new admission policies within a few seconds: probe with dry runs.
     evil = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}]
-    wait_for(lambda: _status(lambda: _patch_config(operator_api, evil, kind="json")) == 403, 30,
-             "the operator's webhook-configuration policy")
+    wait_for(
+        lambda: _status(lambda: _patch_config(operator_api, evil, kind="json")) == 403,
+        30,
+        "the operator's webhook-configuration policy",
+    )
 
 
 # -- the webhook configuration: only matchConditions ----------------------------------------------
@@ -95,24 +98,43 @@ def test_the_operator_token_may_set_only_its_webhooks_match_conditions(
     plane: ControlPlane, operator_api: client.ApiClient
 ) -> None:
     _wait_for_policies(operator_api)
-    conditions = {"webhooks": [{"name": "pods.fiar.io",
-                                "matchConditions": [{"name": "fiar-policies", "expression": "true"}]}]}
+    conditions = {
+        "webhooks": [{"name": "pods.fiar.io", "matchConditions": [{"name": "fiar-policies", "expression": "true"}]}]
+    }
     _patch_config(operator_api, conditions, dry_run=None)  # what the leader's sync sends
     url = {"url": "https://attacker.example/mutate", "caBundle": "Zm9v"}
     attacks = {
         "another URL and CA": [{"op": "replace", "path": "/webhooks/0/clientConfig", "value": url}],
-        "rules widened to every resource": [{"op": "replace", "path": "/webhooks/0/rules", "value": [
-            {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*/*"], "scope": "*"}]}],
+        "rules widened to every resource": [
+            {
+                "op": "replace",
+                "path": "/webhooks/0/rules",
+                "value": [
+                    {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*/*"], "scope": "*"}
+                ],
+            }
+        ],
         "failurePolicy Fail": [{"op": "replace", "path": "/webhooks/1/failurePolicy", "value": "Fail"}],
         "every namespace": [{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": {}}],
         "a longer timeout": [{"op": "replace", "path": "/webhooks/0/timeoutSeconds", "value": 30}],
-        "a third webhook": [{"op": "add", "path": "/webhooks/-", "value": {
-            "name": "evil.fiar.io", "clientConfig": url, "sideEffects": "None", "admissionReviewVersions": ["v1"],
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["secrets"]}]}}],
+        "a third webhook": [
+            {
+                "op": "add",
+                "path": "/webhooks/-",
+                "value": {
+                    "name": "evil.fiar.io",
+                    "clientConfig": url,
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "rules": [
+                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["secrets"]}
+                    ],
+                },
+            }
+        ],
         "a webhook removed": [{"op": "remove", "path": "/webhooks/1"}],
         "webhooks swapped": [{"op": "move", "from": "/webhooks/1", "path": "/webhooks/0"}],
-        "an ownerReference to a missing object": [{"op": "add", "path": "/metadata/ownerReferences",
-                                                   "value": [OWNER]}],
+        "an ownerReference to a missing object": [{"op": "add", "path": "/metadata/ownerReferences", "value": [OWNER]}],
         "a finalizer": [{"op": "add", "path": "/metadata/finalizers", "value": ["example.com/stuck"]}],
         "a label": [{"op": "add", "path": "/metadata/labels/evil", "value": "yes"}],
     }
@@ -137,16 +159,23 @@ METADATA_EXEMPT = {"resourceVersion", "generation", "managedFields"}
 
 
 def _schema(plane: ControlPlane, group: str, name: str) -> set[str]:
-    out = subprocess.run([plane.binary("kubectl"), "--kubeconfig", str(plane.kubeconfig), "get", "--raw",
-                          f"/openapi/v3/{group}"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [plane.binary("kubectl"), "--kubeconfig", str(plane.kubeconfig), "get", "--raw", f"/openapi/v3/{group}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return set(json.loads(out)["components"]["schemas"][name]["properties"])
 
 
 def test_the_policies_hold_every_other_field_equal(plane: ControlPlane) -> None:
     meta = _schema(plane, "apis/admissionregistration.k8s.io/v1", "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta")
     hook = _schema(plane, "apis/admissionregistration.k8s.io/v1", "io.k8s.api.admissionregistration.v1.MutatingWebhook")
-    crd_spec = _schema(plane, "apis/apiextensions.k8s.io/v1",
-                       "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionSpec")
+    crd_spec = _schema(
+        plane,
+        "apis/apiextensions.k8s.io/v1",
+        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinitionSpec",
+    )
     with plane.api_client() as api:
         read = client.AdmissionregistrationV1Api(api).read_validating_admission_policy
         webhook_policy = " ".join(v.expression for v in read("fiar-operator-webhook-conditions-only").spec.validations)
@@ -154,8 +183,12 @@ def test_the_policies_hold_every_other_field_equal(plane: ControlPlane) -> None:
     for policy in (webhook_policy, crd_policy):
         held = {f for f in meta if f"object.metadata.?{f} == oldObject.metadata.?{f}" in policy}
         assert meta - held == METADATA_EXEMPT, f"metadata not compared: {sorted(meta - held - METADATA_EXEMPT)}"
-    held = {f for f in hook if f"object.webhooks[0].?{f} == oldObject.webhooks[0].?{f}" in webhook_policy
-            and f"object.webhooks[1].?{f} == oldObject.webhooks[1].?{f}" in webhook_policy}
+    held = {
+        f
+        for f in hook
+        if f"object.webhooks[0].?{f} == oldObject.webhooks[0].?{f}" in webhook_policy
+        and f"object.webhooks[1].?{f} == oldObject.webhooks[1].?{f}" in webhook_policy
+    }
     held |= {"name"} if "object.webhooks[1].name == oldObject.webhooks[1].name" in webhook_policy else set()
     assert hook - held == WEBHOOK_EXEMPT, f"webhook fields not compared: {sorted(hook - held - WEBHOOK_EXEMPT)}"
     held = {f for f in crd_spec if f"object.spec.?{f} == oldObject.spec.?{f}" in crd_policy}
@@ -166,7 +199,11 @@ def test_the_policies_hold_every_other_field_equal(plane: ControlPlane) -> None:
 # -- the CRD: only its schema ----------------------------------------------------------------------
 def _apply_crd(api: client.ApiClient, doc: dict[str, Any], dry_run: bool = True) -> Any:
     return client.ApiextensionsV1Api(api).patch_custom_resource_definition(
-        CRD, doc, field_manager="fiar-operator", force=True, dry_run="All" if dry_run else None,
+        CRD,
+        doc,
+        field_manager="fiar-operator",
+        force=True,
+        dry_run="All" if dry_run else None,
         _content_type="application/apply-patch+yaml",
     )
 
@@ -176,15 +213,21 @@ def _shipped_crd() -> dict[str, Any]:
     return doc
 
 
-def test_the_operator_token_may_change_only_the_crd_schema(
-    plane: ControlPlane, operator_api: client.ApiClient
-) -> None:
+def test_the_operator_token_may_change_only_the_crd_schema(plane: ControlPlane, operator_api: client.ApiClient) -> None:
     _wait_for_policies(operator_api)
     with plane.api_client() as admin_api:
         admin = client.CustomObjectsApi(admin_api)
-        admin.create_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL, {
-            "apiVersion": f"{contract.GROUP}/{contract.VERSION}", "kind": contract.KIND,
-            "metadata": {"name": "keep-me"}, "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}}})
+        admin.create_cluster_custom_object(
+            contract.GROUP,
+            contract.VERSION,
+            contract.PLURAL,
+            {
+                "apiVersion": f"{contract.GROUP}/{contract.VERSION}",
+                "kind": contract.KIND,
+                "metadata": {"name": "keep-me"},
+                "spec": {"podSelector": {"matchLabels": {"app": "vllm"}}},
+            },
+        )
     shipped = _shipped_crd()
     schema = shipped["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     newer = json.loads(json.dumps(shipped))
@@ -201,9 +244,17 @@ def test_the_operator_token_may_change_only_the_crd_schema(
     attacks: dict[str, dict[str, Any]] = {
         "an ownerReference to a missing object": changed(lambda d: d["metadata"].update(ownerReferences=[OWNER])),
         "a finalizer": changed(lambda d: d["metadata"].update(finalizers=["example.com/stuck"])),
-        "a conversion webhook": changed(lambda d: d["spec"].update(conversion={
-            "strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
-                                               "clientConfig": {"url": "https://attacker.example/convert"}}})),
+        "a conversion webhook": changed(
+            lambda d: d["spec"].update(
+                conversion={
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "conversionReviewVersions": ["v1"],
+                        "clientConfig": {"url": "https://attacker.example/convert"},
+                    },
+                }
+            )
+        ),
         "other names": changed(lambda d: d["spec"]["names"].update(shortNames=["evil"])),
         "another scope": changed(lambda d: d["spec"].update(scope="Namespaced")),
         "a version no longer served": changed(lambda d: d["spec"]["versions"][0].update(served=False)),
@@ -212,14 +263,17 @@ def test_the_operator_token_may_change_only_the_crd_schema(
     }
     for what, doc in attacks.items():
         assert _status(lambda doc=doc: _apply_crd(operator_api, doc)) in (403, 422), what
-    assert _status(lambda: client.ApiextensionsV1Api(operator_api).delete_custom_resource_definition(
-        CRD, dry_run="All")) == 403
+    assert (
+        _status(lambda: client.ApiextensionsV1Api(operator_api).delete_custom_resource_definition(CRD, dry_run="All"))
+        == 403
+    )
     with plane.api_client() as admin_api:
         stored = client.ApiextensionsV1Api(admin_api).read_custom_resource_definition(CRD)
         assert not stored.metadata.owner_references and not stored.metadata.finalizers
         assert stored.spec.conversion.strategy == "None"
         assert client.CustomObjectsApi(admin_api).get_cluster_custom_object(
-            contract.GROUP, contract.VERSION, contract.PLURAL, "keep-me")
+            contract.GROUP, contract.VERSION, contract.PLURAL, "keep-me"
+        )
     assert schema == _shipped_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
@@ -228,8 +282,12 @@ INJECTION = "false $(echo --injected-uid-$(id -u)) --trust-remote-code"
 
 
 def _pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
-            "spec": {"nodeName": "nowhere", "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"nodeName": "nowhere", "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -237,12 +295,23 @@ def tenant(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Ite
     namespace = plane.create_namespace("team-a")
     with plane.api_client() as admin_api:
         rbac = client.RbacAuthorizationV1Api(admin_api)
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": "pods"}, "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "update", "patch", "delete"]}]})
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": "alice"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                       "name": "pods"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]})
+        rbac.create_namespaced_role(
+            namespace,
+            {
+                "metadata": {"name": "pods"},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "update", "patch", "delete"]}
+                ],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": "alice"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+            },
+        )
     with _client(plane, tmp_path_factory.mktemp("alice"), "alice") as api:
         yield namespace, client.CoreV1Api(api)
 
@@ -253,16 +322,29 @@ def test_a_tenant_cannot_put_text_a_container_reads_into_fiar_annotations(
 ) -> None:
     namespace, alice = tenant
     name = key.split("/")[1]
-    wait_for(lambda: _status(lambda: alice.create_namespaced_pod(
-        namespace, _pod(f"probe-{name}", {key: INJECTION}), dry_run="All")) == 422, 30,
-        "the pod-annotation-values policy")
+    wait_for(
+        lambda: (
+            _status(
+                lambda: alice.create_namespaced_pod(namespace, _pod(f"probe-{name}", {key: INJECTION}), dry_run="All")
+            )
+            == 422
+        ),
+        30,
+        "the pod-annotation-values policy",
+    )
     _denied(lambda: alice.create_namespaced_pod(namespace, _pod(f"bad-{name}", {key: INJECTION})), key)
     for value in sorted(contract.POD_ANNOTATION_VALUES[key]):
         alice.create_namespaced_pod(namespace, _pod(f"ok-{name}", {key: value}), dry_run="All")
     alice.create_namespaced_pod(namespace, _pod(f"ok-{name}", {key: min(contract.POD_ANNOTATION_VALUES[key])}))
-    for value in ("", " false", "FALSE", "false\n", "$(HF_TOKEN)"):
-        _denied(lambda value=value: alice.patch_namespaced_pod(
-            f"ok-{name}", namespace, {"metadata": {"annotations": {key: value}}}), key)
+    for value in [
+        v for v in ("", " false", "FALSE", "false\n", "$(HF_TOKEN)") if v not in contract.POD_ANNOTATION_VALUES[key]
+    ]:
+        _denied(
+            lambda value=value: alice.patch_namespaced_pod(
+                f"ok-{name}", namespace, {"metadata": {"annotations": {key: value}}}
+            ),
+            key,
+        )
 
 
 def test_the_operator_token_cannot_put_text_into_fiar_annotations(
@@ -272,14 +354,33 @@ def test_the_operator_token_cannot_put_text_into_fiar_annotations(
     with plane.api_client() as admin_api:
         client.CoreV1Api(admin_api).create_namespaced_pod(namespace, _pod("served", {}))
     as_operator = client.CoreV1Api(operator_api)
-    wait_for(lambda: _status(lambda: as_operator.patch_namespaced_pod("served", namespace, {"metadata": {
-        "annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: INJECTION}}}, dry_run="All")) == 422, 30,
-        "the pod-annotation-values policy")
+    wait_for(
+        lambda: (
+            _status(
+                lambda: as_operator.patch_namespaced_pod(
+                    "served",
+                    namespace,
+                    {"metadata": {"annotations": {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: INJECTION}}},
+                    dry_run="All",
+                )
+            )
+            == 422
+        ),
+        30,
+        "the pod-annotation-values policy",
+    )
     for key in contract.POD_ANNOTATION_VALUES:
-        _denied(lambda key=key: as_operator.patch_namespaced_pod(
-            "served", namespace, {"metadata": {"annotations": {key: INJECTION}}}), key)
-    fiar_values = {contract.ANNOTATION_POD_BACKEND: "trtllm", contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "false",
-                   contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "0"}
+        _denied(
+            lambda key=key: as_operator.patch_namespaced_pod(
+                "served", namespace, {"metadata": {"annotations": {key: INJECTION}}}
+            ),
+            key,
+        )
+    fiar_values = {
+        contract.ANNOTATION_POD_BACKEND: "trtllm",
+        contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "false",
+        contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: "0",
+    }
     as_operator.patch_namespaced_pod("served", namespace, {"metadata": {"annotations": fiar_values}})
 
 
@@ -289,15 +390,23 @@ def test_a_value_stored_before_the_policy_is_kept_on_other_updates(
     namespace, alice = tenant
     with plane.api_client() as admin_api:  # the cluster admin is exempt (e.g. a pod from before the install)
         client.CoreV1Api(admin_api).create_namespaced_pod(
-            namespace, _pod("legacy", {contract.ANNOTATION_POD_BACKEND: "nvls"}))
+            namespace, _pod("legacy", {contract.ANNOTATION_POD_BACKEND: "nvls"})
+        )
     alice.patch_namespaced_pod("legacy", namespace, {"metadata": {"labels": {"team": "a"}}})
-    _denied(lambda: alice.patch_namespaced_pod("legacy", namespace, {"metadata": {"annotations": {
-        contract.ANNOTATION_POD_BACKEND: "nvls2"}}}), contract.ANNOTATION_POD_BACKEND)
+    _denied(
+        lambda: alice.patch_namespaced_pod(
+            "legacy", namespace, {"metadata": {"annotations": {contract.ANNOTATION_POD_BACKEND: "nvls2"}}}
+        ),
+        contract.ANNOTATION_POD_BACKEND,
+    )
 
 
 def test_the_chart_allows_exactly_the_contracts_annotation_values(controlplane_binaries: Any) -> None:
-    policy = next(d for d in render(CHART) if d["kind"] == "ValidatingAdmissionPolicy"
-                  and d["metadata"]["name"] == "fiar-pod-annotation-values")
+    policy = next(
+        d
+        for d in render(CHART)
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "fiar-pod-annotation-values"
+    )
     found = {}
     for validation in policy["spec"]["validations"]:
         expression = validation["expression"]

@@ -174,7 +174,7 @@ def _populate(plane: ControlPlane) -> None:
                 or {}
             )
             pods = status.get("pods") or {}
-            return pods.get("stale") == 1 and pods.get("unconfigured") == 1 and pods.get("decided") == 4
+            return pods.get("stale") == 1 and pods.get("unconfigured") == 1 and pods.get("decided") == 5
 
         wait_for(counted, 60, "the policy status counting the stale and the unconfigured pod")
 
@@ -213,7 +213,7 @@ def test_status_as_json_has_every_node_and_the_policys_counts(fleet: Fleet) -> N
     doc = json.loads(result.stdout)
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert "cpu-only" not in nodes
-    assert doc["counts"] == {"mnnvl": 2, "trtllm": 3, "none": 4, "unprobed": 2}
+    assert doc["counts"] == {"mnnvl": 2, "trtllm": 4, "none": 4, "unprobed": 2}
     assert nodes["h200x2-host"]["verdict"] == "trtllm" and nodes["h200x2-host"]["results"] == {
         "mnnvl": "skipped",
         "trtllm": "pass",
@@ -235,13 +235,15 @@ def test_status_as_json_has_every_node_and_the_policys_counts(fleet: Fleet) -> N
     assert nodes["zz-deep-report"]["multicast"] == "invalid" and "not JSON" in nodes["zz-deep-report"]["reportProblem"]
     (policy,) = doc["policies"]
     assert policy["pods"] == {
-        "decided": 4,
+        "decided": 5,
         "fallback": 4,
         "pending": 0,
         "fusionOff": 4,
         "stale": 1,
         "unconfigured": 1,
         "fusionUncontrolled": 0,
+        "multicastGuarded": 7,
+        "flashinferNotTurnedOff": 4,
     }
     assert doc["stalePods"] == [f"{NS}/vllm-zz-labelled-by-hand"]
     kinds = [(a["kind"], a["subject"]) for a in doc["attention"]]
