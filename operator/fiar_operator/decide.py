@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator import limits
+from fiar_operator import limits, sglang
 from fiar_operator.limits import Budget
 from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
 from fiar_operator.policy import Policy
@@ -85,6 +85,10 @@ class Decision:
     group: str | None = None
     fusion: contract.Fusion = "on"
     previous_fusion: str | None = None
+    verified_backends: frozenset[contract.Backend] = frozenset()
+    """The allowed backends the node (or, for a group, the group) verifies: what SGLang's flag is read from."""
+    multi: bool = False
+    """The pod is one of a multi-pod group."""
 
     @property
     def verified(self) -> bool:
@@ -104,8 +108,14 @@ class Decision:
             contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER[
                 "on" if self.flashinfer_allreduce else "off"
             ],
+            contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS[self.sglang_flag],
             contract.ANNOTATION_POD_DECISION: self.to_json(),
         }
+
+    @property
+    def sglang_flag(self) -> contract.SglangFlag:
+        """The same decision as SGLang's option (``sglang.py``)."""
+        return sglang.sglang_flag(self.fusion, self.verified, self.verified_backends, self.multi)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -245,7 +255,17 @@ def decide(
         time=time,
         group=group.key if group.multi else None,
         fusion=fusion(policy, reason),
+        verified_backends=_verified_backends(policy, facts, group, reason),
+        multi=group.multi,
     )
+
+
+def _verified_backends(
+    policy: Policy, facts: NodeFacts | None, group: GroupPlan, reason: Reason
+) -> frozenset[contract.Backend]:
+    if group.multi:
+        return frozenset({MULTI_NODE_BACKEND}) if reason == VERIFIED_REASON else frozenset()
+    return verified_for(policy, facts) if facts is not None else frozenset()
 
 
 def verified_for(policy: Policy, facts: NodeFacts) -> frozenset[contract.Backend]:

@@ -29,22 +29,30 @@ def injected_entry(name: str) -> dict[str, Any]:
 ENV_ENTRY: Final = injected_entry(contract.ENV_VAR)
 
 
-def fusion_entries() -> list[dict[str, Any]]:
-    """Fresh copies of fiar's fusion variables; first in the env list, so that any later variable
-    (VLLM_ADDITIONAL_ARGS) may refer to them."""
+def fusion_entries(engine: str = "vllm") -> list[dict[str, Any]]:
+    """Fresh copies of fiar's fusion variables for an engine's container; first in the env list, so that
+    any later variable (VLLM_ADDITIONAL_ARGS) may refer to them."""
+    if engine == "sglang":
+        return [
+            injected_entry(contract.ENV_SGLANG_FLAG),
+            {"name": contract.ENV_SGLANG_ARGS, "value": commands.SGLANG_VALUE},
+        ]
     return [
         injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
         {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
     ]
 
 
-FUSION_NAMES: Final = frozenset({contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS})
+FUSION_NAMES: Final = frozenset(
+    {contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS, contract.ENV_SGLANG_FLAG, contract.ENV_SGLANG_ARGS}
+)
 UNMANAGED_DEFAULTS: Final = {
     contract.ANNOTATION_POD_BACKEND: "auto",
     contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS["on"],
     contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER["on"],
+    contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS["engine"],
 }
-"""vLLM's own defaults, for a pod that reads fiar's annotations without a policy taking it."""
+"""The engines' own defaults, for a pod that reads fiar's annotations without a policy taking it."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,9 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     standalone FlashInfer allreduce switch read from its annotation (a container's own value is kept
     under respectExplicitFusion)."""
     rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in FUSION_NAMES)]
-    out: list[Any] = fusion_entries() + rest
+    out: list[Any] = fusion_entries(plan.engine) + rest
+    if plan.engine != "vllm":
+        return out
     if plan.additional_args is not None:
         at = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == commands.ADDITIONAL_ARGS]
         entry = {"name": commands.ADDITIONAL_ARGS, "value": plan.additional_args}
@@ -160,7 +170,8 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
         if policy.fusion_control == "Disabled":
             return []
         if plan.explicit:
-            warnings.append(f"container {name} sets fuse_allreduce_rms itself; left alone (respectExplicitFusion)")
+            what = commands.ENGINE[plan.engine].explicit
+            warnings.append(f"container {name} sets {what} itself; left alone (respectExplicitFusion)")
             return []
         if not plan.understood:
             if plan.mentions_vllm:
@@ -168,7 +179,7 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
             return []
     env = container.get("env") or []
     own = [e for e in env if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER]
-    if own and not is_injected(own[0]) and policy.respect_explicit_fusion:
+    if own and not is_injected(own[0]) and policy.respect_explicit_fusion and plan.engine == "vllm":
         warnings.append(f"container {name} sets {contract.ENV_ALLREDUCE_USE_FLASHINFER} itself; kept")
     base = ("spec", "containers", index)
     ops: list[patches.Op] = []

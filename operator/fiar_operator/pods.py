@@ -32,6 +32,7 @@ INJECTED: Final = {
     contract.ENV_VAR: contract.ANNOTATION_POD_BACKEND,
     contract.ENV_FUSE_ALLREDUCE_RMS: contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS,
     contract.ENV_ALLREDUCE_USE_FLASHINFER: contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
+    contract.ENV_SGLANG_FLAG: contract.ANNOTATION_POD_SGLANG_FLAG,
 }
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
@@ -65,6 +66,8 @@ class PodRecord:
     """The fiar.io/fuse-allreduce-rms and fiar.io/allreduce-use-flashinfer annotations. These and
     ``backend`` are None when absent or outside ``contract.POD_ANNOTATION_VALUES`` (a value fiar never
     writes is never read)."""
+    sglang: str | None = None
+    """The fiar.io/sglang-flag annotation (None likewise)."""
     reads: frozenset[str] = frozenset()
     """Annotations that an injected env var of a container reads."""
     uncontrolled: tuple[str, ...] = ()
@@ -266,6 +269,9 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         use_flashinfer=contract.pod_annotation_value(
             contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
             annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
+        ),
+        sglang=contract.pod_annotation_value(
+            contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
         ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
         uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),

@@ -61,6 +61,7 @@ def _values(record: PodRecord, decision: decide.Decision | None = None) -> tuple
         contract.ANNOTATION_POD_BACKEND: record.backend,
         contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: record.fuse,
         contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: record.use_flashinfer,
+        contract.ANNOTATION_POD_SGLANG_FLAG: record.sglang,
     }
     keys = [contract.ANNOTATION_POD_BACKEND, *sorted(k for k in current if k in record.reads)]
     return tuple((wanted or current).get(k) for k in dict.fromkeys(keys))
@@ -142,6 +143,8 @@ def _change(record: PodRecord, decision: decide.Decision) -> str:
     text = f"backend {record.backend} -> {decision.backend}"
     if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads:
         text += f", fusion {_fusion_of(record)} -> {decision.fusion}"
+    if contract.ANNOTATION_POD_SGLANG_FLAG in record.reads:
+        text += f", SGLang --{record.sglang} -> --{contract.SGLANG_FLAGS[decision.sglang_flag]}"
     return text
 
 
@@ -318,7 +321,9 @@ def policy_status(
             continue
         reason = (pod.decision or {}).get("reason")
         outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
-        if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off":
+        if (contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off") or (
+            contract.ANNOTATION_POD_SGLANG_FLAG in pod.reads and pod.sglang == contract.SGLANG_FLAGS["off"]
+        ):
             outcome["fusionOff"] += 1
         if is_stale(pod):
             outcome["stale"] += 1
