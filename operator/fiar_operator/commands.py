@@ -281,8 +281,9 @@ _SGLANG_ENTRY_AND_TOKEN = re.compile(r"(sglang\.launch_server|sglang serve)\s+" 
 
 
 def _sglang_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str]:
-    """SGLang's arguments with SGLANG_TOKEN first (the options after it, the user's, win over the
-    default it may restate); the user's own fusion options kept under ``respect``, else dropped.
+    """SGLang's arguments with SGLANG_TOKEN before the user's options (theirs, after it, win over the
+    default it may restate; after a leading model path, which ``sglang serve`` takes as positional);
+    the user's own fusion options kept under ``respect``, else dropped.
 
     Left alone (problem): ``--config`` (its YAML may set the fusion), an abbreviation of a fusion option
     (SGLang's argparse accepts those), a backend value SGLang does not know, a backend together with
@@ -321,8 +322,9 @@ def _sglang_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bo
         return None, False, f"it sets both {SGLANG_DISABLE} and a backend"
     if own and respect:
         return None, True, ""
-    drop = set(own)
-    return [SGLANG_TOKEN, *(t for j, t in enumerate(tokens) if j not in drop)], False, ""
+    kept = [t for j, t in enumerate(tokens) if j not in set(own)]
+    at = 1 if kept[:1] and not kept[0].startswith("-") else 0  # `sglang serve MODEL`: the model stays first
+    return [*kept[:at], SGLANG_TOKEN, *kept[at:]], False, ""
 
 
 # -- the engines --------------------------------------------------------------------------------------
@@ -504,15 +506,16 @@ def _exec(engine: Engine, form: Form, command: list[str], args: list[str], start
 def _split_inserted(
     head: list[str], tokens: list[str], command: list[str], args: list[str]
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
-    """As ``_split``, for ``tokens`` whose first one is fiar's, inserted where the entry ends: in the
-    command when the entry's arguments start inside it, else first in args."""
-    rest_command, rest_args = _split(head + tokens[1:], command, args)
+    """As ``_split``, for ``tokens`` holding fiar's SGLANG_TOKEN: it is inserted into the command when
+    its place is inside the command, else into args (the other tokens stay where they were)."""
+    at = len(head) + tokens.index(SGLANG_TOKEN)
+    rest_command, rest_args = _split(head + [t for t in tokens if t != SGLANG_TOKEN], command, args)
     new_command = list(rest_command if rest_command is not None else command)
     new_args = list(rest_args if rest_args is not None else args)
-    if len(head) < len(new_command):
-        new_command.insert(len(head), tokens[0])
+    if at < len(new_command):
+        new_command.insert(at, SGLANG_TOKEN)
     else:
-        new_args.insert(len(head) - len(new_command), tokens[0])
+        new_args.insert(at - len(new_command), SGLANG_TOKEN)
     return (None if new_command == command else tuple(new_command)), (None if new_args == args else tuple(new_args))
 
 

@@ -89,6 +89,10 @@ class Decision:
     """The allowed backends the node (or, for a group, the group) verifies: what SGLang's flag is read from."""
     multi: bool = False
     """The pod is one of a multi-pod group."""
+    multicast: str | None = None
+    """The node's fiar.io/multicast label (SGLang's flag reads it)."""
+    controlled: bool = True
+    """The policy's fusionControl is Enabled."""
 
     @property
     def verified(self) -> bool:
@@ -115,7 +119,9 @@ class Decision:
     @property
     def sglang_flag(self) -> contract.SglangFlag:
         """The same decision as SGLang's option (``sglang.py``)."""
-        return sglang.sglang_flag(self.fusion, self.verified, self.verified_backends, self.multi)
+        if not self.controlled:
+            return "engine"
+        return sglang.sglang_flag(self.fusion, self.verified, self.verified_backends, self.multi, self.multicast)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -165,7 +171,14 @@ def fusion(policy: Policy, reason: Reason) -> contract.Fusion:
 
 def pending(policy: Policy) -> Decision:
     """The CREATE-time decision of a pod not yet bound: the fallback, fusion off; replaced at binding."""
-    return Decision(policy.fallback, "Pending", policy.name, trigger="create", fusion=fusion(policy, "Pending"))
+    return Decision(
+        policy.fallback,
+        "Pending",
+        policy.name,
+        trigger="create",
+        fusion=fusion(policy, "Pending"),
+        controlled=policy.fusion_control != "Disabled",
+    )
 
 
 def choose(policy: Policy, facts: NodeFacts | None) -> tuple[contract.EnvValue, Reason]:
@@ -257,6 +270,8 @@ def decide(
         fusion=fusion(policy, reason),
         verified_backends=_verified_backends(policy, facts, group, reason),
         multi=group.multi,
+        multicast=(node_labels or {}).get(contract.LABEL_MULTICAST),
+        controlled=policy.fusion_control != "Disabled",
     )
 
 

@@ -25,14 +25,16 @@ The one decision of the pod (``Decision``) therefore becomes one of two options 
 
 - ``engine``: SGLang's own choice, where every backend that choice can be is verified on the node and
   allowed by the policy: ``mnnvl`` and ``trtllm`` for one pod (fiar cannot tell SM90 from SM100 from
-  the node's labels, nor the model from the pod), ``mnnvl`` for a multi-pod group (``trtllm`` is single
-  node only in SGLang). ``cutedsl`` (MiMo on SM100) uses the same multicast fabric memory as ``mnnvl``
+  the node's labels, nor the model from the pod), only ``trtllm`` on a node whose multicast is
+  ``unsupported`` (there SGLang's mnnvl fails before any kernel runs and SGLang turns the fusion off on
+  every rank: a failed workspace disables it, ``layers/flashinfer_comm_fusion.py``), ``mnnvl`` for a
+  multi-pod group (``trtllm`` is single node only in SGLang). ``cutedsl`` (MiMo on SM100) uses the same multicast fabric memory as ``mnnvl``
   and counts as verified with it (inferred: fiar's agent tests ``mnnvl``, not ``cutedsl``);
 - ``off``: ``--enforce-disable-flashinfer-allreduce-fusion`` everywhere else: where the decision's
   fusion is off, and where SGLang's own choice might be a backend the node did not verify (an SM100
   node without working multicast would get ``mnnvl`` from ``auto``; a ``trtllm``-only node may be
-  either). A policy with ``fusionControl: Disabled`` gives ``engine`` everywhere, as it leaves vLLM's
-  fusion on.
+  either). A policy with ``fusionControl: Disabled`` gives ``engine`` everywhere (``Decision``), as it
+  leaves vLLM's fusion on.
 """
 
 from __future__ import annotations
@@ -49,13 +51,24 @@ GROUP_CHOICES: Final[frozenset[contract.Backend]] = frozenset({MULTI_NODE_BACKEN
 
 
 def sglang_flag(
-    fusion: contract.Fusion, verified: bool, backends: frozenset[contract.Backend], multi: bool
+    fusion: contract.Fusion,
+    verified: bool,
+    backends: frozenset[contract.Backend],
+    multi: bool,
+    multicast: str | None = None,
 ) -> contract.SglangFlag:
     """The SGLang option for a decision: its ``fusion``, whether its reason is ``Verified``, the allowed
-    backends its node (or group) verifies, and whether the pod is one of a multi-pod group."""
+    backends its node (or group) verifies, whether the pod is one of a multi-pod group, and the node's
+    ``fiar.io/multicast`` label."""
     if fusion == "off":
         return "off"
-    if not verified:  # fusionControl: Disabled leaves the fusion on everywhere, as the engine sets it
+    if not verified:  # fusion on without a verified backend: fusionControl Disabled, the engine's own
         return "engine"
     choices = GROUP_CHOICES if multi else SINGLE_POD_CHOICES
+    if not multi and multicast == "unsupported":
+        # SGLang's mnnvl (or cutedsl) cannot start here: FlashInfer refuses a workspace without multicast
+        # (attribute 0, no cuMulticastCreate, or a null multicast pointer) and SGLang then turns the
+        # fusion off on every rank (``_sync_allreduce_unavailable_across_tp``). Its own choice is
+        # trtllm or nothing.
+        choices = frozenset({"trtllm"})
     return "engine" if choices <= backends else "off"
