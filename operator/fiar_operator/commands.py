@@ -53,7 +53,13 @@ from typing import Any, Final, Literal
 import fiar_contract as contract
 
 Form = Literal[
-    "vllm-serve", "api-server", "image-entrypoint", "additional-args", "placeholder", "sglang-launch-server", "sglang-serve"
+    "vllm-serve",
+    "api-server",
+    "image-entrypoint",
+    "additional-args",
+    "placeholder",
+    "sglang-launch-server",
+    "sglang-serve",
 ]
 
 FUSE_KEY: Final = "fuse_allreduce_rms"
@@ -344,7 +350,11 @@ class Entry:
         program = os.path.basename(argv[0])
         if self.module:
             return 3 if _PYTHON.fullmatch(program) and list(argv[1:3]) == ["-m", self.module] else None
-        return 1 + len(self.words) if program == self.program and tuple(argv[1 : 1 + len(self.words)]) == self.words else None
+        return (
+            1 + len(self.words)
+            if program == self.program and tuple(argv[1 : 1 + len(self.words)]) == self.words
+            else None
+        )
 
     @property
     def text(self) -> str:
@@ -467,9 +477,10 @@ def _shell(
     for engine in named:
         if engine.shell_reference.search(script):
             if engine.placeholder_at is not None and not engine.placeholder_at.search(script):
-                entry = engine.entries[0].text
                 return CommandPlan(
-                    None, f"a shell command: {engine.shell_placeholder} must follow '{entry}' directly", engine=engine.name
+                    None,
+                    f"a shell command: {engine.shell_placeholder} must follow '{engine.entries[0].text}' directly",
+                    engine=engine.name,
                 )
             return CommandPlan("placeholder", engine=engine.name)
     if ADDITIONAL_ARGS in script and "vllm serve" in script:

@@ -28,13 +28,16 @@ The one decision of the pod (``Decision``) therefore becomes one of two options 
   the node's labels, nor the model from the pod), only ``trtllm`` on a node whose multicast is
   ``unsupported`` (there SGLang's mnnvl fails before any kernel runs and SGLang turns the fusion off on
   every rank: a failed workspace disables it, ``layers/flashinfer_comm_fusion.py``), ``mnnvl`` for a
-  multi-pod group (``trtllm`` is single node only in SGLang). ``cutedsl`` (MiMo on SM100) uses the same multicast fabric memory as ``mnnvl``
-  and counts as verified with it (inferred: fiar's agent tests ``mnnvl``, not ``cutedsl``);
+  multi-pod group (``trtllm`` is single node only in SGLang). ``cutedsl`` (MiMo on SM100) uses the
+  same multicast fabric memory as ``mnnvl`` and counts as verified with it (inferred: fiar's agent
+  tests ``mnnvl``, not ``cutedsl``);
 - ``off``: ``--enforce-disable-flashinfer-allreduce-fusion`` everywhere else: where the decision's
-  fusion is off, and where SGLang's own choice might be a backend the node did not verify (an SM100
-  node without working multicast would get ``mnnvl`` from ``auto``; a ``trtllm``-only node may be
-  either). A policy with ``fusionControl: Disabled`` gives ``engine`` everywhere (``Decision``), as it
-  leaves vLLM's fusion on.
+  fusion is off, and where SGLang's own choice might be a backend the node did not verify (``auto``
+  gives ``mnnvl`` on an SM100 node whose multicast is supported but whose mnnvl test failed, or whose
+  host policy disables multicast; ``trtllm`` on an SM90 node whose trtllm test failed).
+
+A policy with ``fusionControl: Disabled`` gives ``engine`` everywhere (``Decision``), as it leaves
+vLLM's fusion on.
 """
 
 from __future__ import annotations

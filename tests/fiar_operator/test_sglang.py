@@ -100,7 +100,9 @@ def test_each_fixture_and_group_shape_gets_its_sglang_option(fixture: str, shape
     decision = decided(fixture, shape)
     notes = decision.annotations()
     assert notes[contract.ANNOTATION_POD_SGLANG_FLAG] == expected(fixture, shape)
-    assert contract.pod_annotation_value(contract.ANNOTATION_POD_SGLANG_FLAG, notes[contract.ANNOTATION_POD_SGLANG_FLAG])
+    assert contract.pod_annotation_value(
+        contract.ANNOTATION_POD_SGLANG_FLAG, notes[contract.ANNOTATION_POD_SGLANG_FLAG]
+    )
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -148,9 +150,24 @@ FORMS: dict[str, dict[str, Any]] = {
         "name": "sglang-leader",
         "image": "lmsysorg/sglang:latest",
         "command": [
-            "python3", "-m", "sglang.launch_server", "--model-path", MODEL, "--tp", "2",
-            "--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000", "--nnodes", "$(LWS_GROUP_SIZE)",
-            "--node-rank", "$(LWS_WORKER_INDEX)", "--trust-remote-code", "--host", "0.0.0.0", "--port", "40000",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            MODEL,
+            "--tp",
+            "2",
+            "--dist-init-addr",
+            "$(LWS_LEADER_ADDRESS):20000",
+            "--nnodes",
+            "$(LWS_GROUP_SIZE)",
+            "--node-rank",
+            "$(LWS_WORKER_INDEX)",
+            "--trust-remote-code",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "40000",
         ],
         "env": [
             {"name": "LWS_LEADER_ADDRESS", "value": "sglang-0.sglang.ml"},
@@ -163,8 +180,22 @@ FORMS: dict[str, dict[str, Any]] = {
         "name": "ome-container",
         "image": "docker.io/lmsysorg/sglang:v0.5.5.post3-cu129-amd64",
         "command": [
-            "python3", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "8080", "--enable-metrics",
-            "--model-path", "$(MODEL_PATH)", "--tp-size", "2", "--mem-frac", "0.9", "--log-level", "debug",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8080",
+            "--enable-metrics",
+            "--model-path",
+            "$(MODEL_PATH)",
+            "--tp-size",
+            "2",
+            "--mem-frac",
+            "0.9",
+            "--log-level",
+            "debug",
         ],
         "env": [{"name": "MODEL_PATH", "value": MODEL}],
     },
@@ -183,12 +214,36 @@ FORMS: dict[str, dict[str, Any]] = {
 USER = {
     "sglang-k8s-deployment": ["--model-path", MODEL, "--host", "0.0.0.0", "--port", "30000", "--tp", "2"],
     "lws-sglang": [
-        "--model-path", MODEL, "--tp", "2", "--dist-init-addr", "sglang-0.sglang.ml:20000", "--nnodes", "2",
-        "--node-rank", "0", "--trust-remote-code", "--host", "0.0.0.0", "--port", "40000",
+        "--model-path",
+        MODEL,
+        "--tp",
+        "2",
+        "--dist-init-addr",
+        "sglang-0.sglang.ml:20000",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--trust-remote-code",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "40000",
     ],
     "ome-runtime": [
-        "--host", "0.0.0.0", "--port", "8080", "--enable-metrics", "--model-path", MODEL, "--tp-size", "2",
-        "--mem-frac", "0.9", "--log-level", "debug",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+        "--enable-metrics",
+        "--model-path",
+        MODEL,
+        "--tp-size",
+        "2",
+        "--mem-frac",
+        "0.9",
+        "--log-level",
+        "debug",
     ],
     "sglang-serve": [MODEL, "--tp", "2"],
     "shell-placeholder": ["--model-path", MODEL, "--tp", "2"],
@@ -227,11 +282,18 @@ def sglang_arguments(argv: list[str], env: dict[str, str], tmp: Any) -> list[str
     """What SGLang's parser gets: after the entry in exec form; for a shell string, what a real bash
     starts ``python3 -m sglang.launch_server`` with (a stand-in python3 prints it)."""
     if argv[0].endswith("sh") and argv[1] == "-c":
-        (tmp / "python3").write_text("#!/bin/sh\nexec /usr/bin/python3 -c 'import json, sys; "
-                                     "print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+        (tmp / "python3").write_text(
+            "#!/bin/sh\nexec /usr/bin/python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n"
+        )
         (tmp / "python3").chmod(0o755)
-        proc = subprocess.run(["bash", *argv[1:]], env={**env, "PATH": f"{tmp}:/usr/bin:/bin"},
-                              capture_output=True, text=True, timeout=30, check=True)
+        proc = subprocess.run(
+            ["bash", *argv[1:]],
+            env={**env, "PATH": f"{tmp}:/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         words: list[str] = json.loads(proc.stdout.splitlines()[0])
         return words[2:]  # after -m sglang.launch_server
     return argv[2:] if argv[0] == "sglang" else argv[3:]
@@ -381,17 +443,24 @@ def test_the_lws_vllm_leader_is_told_where_the_placeholder_goes_in_its_own_comma
     plan = plan_command(leader)
     assert not plan.understood
     assert plan.reason == (
-        'a shell command: put "${FIAR_VLLM_ARGS}" after \'python3 -m vllm.entrypoints.openai.api_server\' in it'
+        "a shell command: put \"${FIAR_VLLM_ARGS}\" after 'python3 -m vllm.entrypoints.openai.api_server' in it"
     )
-    shell = {"name": "s", "image": "lmsysorg/sglang", "command": ["bash", "-c", f"python3 -m sglang.launch_server --model {MODEL}"]}
-    assert '"${FIAR_SGLANG_ARGS}" after \'python3 -m sglang.launch_server\'' in plan_command(shell).reason
+    shell = {
+        "name": "s",
+        "image": "lmsysorg/sglang",
+        "command": ["bash", "-c", f"python3 -m sglang.launch_server --model {MODEL}"],
+    }
+    assert "\"${FIAR_SGLANG_ARGS}\" after 'python3 -m sglang.launch_server'" in plan_command(shell).reason
 
 
 def test_an_sglang_value_outside_the_allowlist_is_read_as_absent_and_replaced_by_sglangs_default() -> None:
     out, _warnings = mutated(pod(FORMS["sglang-k8s-deployment"]))
     copied = copy.deepcopy(out)
-    copied["metadata"] = {"name": "copy", "namespace": "ml", "annotations": {
-        contract.ANNOTATION_POD_SGLANG_FLAG: "log-level=info --trust-remote-code"}}
+    copied["metadata"] = {
+        "name": "copy",
+        "namespace": "ml",
+        "annotations": {contract.ANNOTATION_POD_SGLANG_FLAG: "log-level=info --trust-remote-code"},
+    }
     assert pod_record(copied).sglang is None
     notes = patches.apply(copied, default_backend_ops(copied))["metadata"]["annotations"]
     assert notes[contract.ANNOTATION_POD_SGLANG_FLAG] == ENGINE
