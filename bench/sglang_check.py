@@ -416,6 +416,10 @@ def verdicts(found: list[dict[str, Any]], doc: dict[str, Any]) -> list[dict[str,
     return rows
 
 
+def _flag_text(flag: str) -> str:
+    return f"--{contract.SGLANG_FLAGS[flag]}" if flag in contract.SGLANG_FLAGS else flag  # type: ignore[index]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", default=",".join(VERSIONS))
@@ -435,7 +439,7 @@ def main() -> int:
             for r in rows:
                 print(
                     f"  {'ok  ' if r['ok'] else 'FAIL'} {r['form']:24.24} {r['verdict']:28} {r['model']:20} "
-                    f"{r['platform']:6} --{contract.SGLANG_FLAGS.get(r['flag'], r['flag']):44.44} {r['what']}"
+                    f"{r['platform']:6} {_flag_text(r['flag']):46.46} {r['what']}"
                 )
     if opts.out:
         opts.out.write_text(json.dumps(report, indent=1) + "\n")
