@@ -1,4 +1,12 @@
-"""How a vLLM container's command is made to read fiar's fusion decision: pure functions.
+"""How a vLLM or SGLang container's command is made to read fiar's fusion decision: pure functions.
+
+Each engine is one row of ``ENGINES`` (its entries, the editor of its arguments, its references and
+placeholders, what runs no server of it); ``plan_command`` reads a container through the table. vLLM's
+rules follow; SGLang's (``python -m sglang.launch_server`` and ``sglang serve`` in exec form, a shell
+string holding ``"${FIAR_SGLANG_ARGS}"`` right after the entry) are at ``_sglang_edit`` and in
+docs/sglang.md: fiar inserts ``$(FIAR_SGLANG_ARGS)`` before the user's options, and leaves alone (and
+reports) ``--config``, both the enforce-disable switch and a backend, an unknown backend value, and an
+abbreviated fusion option.
 
 vLLM has no environment variable that turns its AR+RMSNorm fusion pass off; the switch is the
 compilation config, a command-line flag (``-cc.pass_config.fuse_allreduce_rms=false``, or the same key
@@ -37,8 +45,10 @@ Command forms understood (``form``):
 
 Anything else (another shell string, ``--config FILE`` whose YAML may hold a compilation config, a
 JSON that is not an object, an abbreviated flag) is *not understood*: the command is left exactly
-as it is, and ``reason`` says why. A container whose image, command and args do not name vLLM at all
-is taken for a sidecar (``mentions_vllm`` False): not understood either, but not reported.
+as it is, and ``reason`` says why (naming the entry the command itself spells). A container whose
+image, command and args name no engine, or that runs only an engine's worker or router (``ray
+start``, ``multi-node-serving.sh worker``, ``sglang_router``), is taken for something else
+(``mentions_vllm`` False): not understood either, but not reported.
 """
 
 from __future__ import annotations
