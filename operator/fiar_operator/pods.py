@@ -73,6 +73,8 @@ class PodRecord:
     uncontrolled: tuple[str, ...] = ()
     """Managed pods only: containers whose command fiar cannot make read the fusion decision (it does
     not understand it) and that do not set the fusion themselves."""
+    uncontrolled_reasons: Mapping[str, str] = field(default_factory=dict)
+    """Why, per container of ``uncontrolled`` (``commands.CommandPlan.reason``)."""
     imex_claims: frozenset[str] = frozenset()
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
 
@@ -182,16 +184,17 @@ def annotations_read(spec: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
-def _uncontrolled(spec: Mapping[str, Any]) -> tuple[str, ...]:
+def _uncontrolled(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Container name -> why fiar cannot make its command read the decision, in spec order."""
     containers = spec.get("containers")
-    found = []
+    found = {}
     for container in containers if isinstance(containers, list) else []:
         if not isinstance(container, Mapping):
             continue
         plan = plan_command(container)
         if not plan.understood and not plan.explicit and plan.mentions_vllm:
-            found.append(str(container.get("name", "")))
-    return tuple(found)
+            found[str(container.get("name", ""))] = plan.reason
+    return found
 
 
 def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -242,6 +245,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     except (AttributeError, TypeError):
         constraint, pinned, clique_affinity, claims = ANYWHERE, False, frozenset(), frozenset()
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
+    uncontrolled = _uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else {}
     return PodRecord(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -274,7 +278,8 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
             contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
         ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
-        uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
+        uncontrolled=tuple(uncontrolled),
+        uncontrolled_reasons=uncontrolled,
         imex_claims=claims,
     )
 

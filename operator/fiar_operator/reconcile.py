@@ -202,11 +202,15 @@ def uncontrolled_containers(record: PodRecord, policy: Policy) -> list[str]:
 
 
 def uncontrolled_message(record: PodRecord, names: Sequence[str]) -> str:
+    reasons = record.uncontrolled_reasons
+    why = "; ".join(f"{name}: {reasons[name]}" for name in names if name in reasons)
     return (
-        f"fiar cannot switch vLLM's FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
+        f"fiar cannot switch the FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
         f"is not one it understands, so it is left as it is; on nodes without a verified backend they run with "
         f"{contract.ENV_VAR}={record.backend} only. Use exec form 'vllm serve ...' or put "
-        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command"
+        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command (SGLang: exec form "
+        f"'python3 -m sglang.launch_server ...', or \"${{{contract.ENV_SGLANG_ARGS}}}\" right after it)"
+        + (f" ({why})" if why else "")
     )
 
 
