@@ -144,7 +144,8 @@ def _change(record: PodRecord, decision: decide.Decision) -> str:
     if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in record.reads:
         text += f", fusion {_fusion_of(record)} -> {decision.fusion}"
     if contract.ANNOTATION_POD_SGLANG_FLAG in record.reads:
-        text += f", SGLang --{record.sglang} -> --{contract.SGLANG_FLAGS[decision.sglang_flag]}"
+        was = f"--{record.sglang}" if record.sglang else "-"
+        text += f", SGLang {was} -> --{contract.SGLANG_FLAGS[decision.sglang_flag]}"
     return text
 
 
