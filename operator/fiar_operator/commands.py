@@ -400,6 +400,12 @@ class Engine:
     """Image repositories whose entrypoint is the engine's server (args-only containers)."""
     placeholder_at: re.Pattern[str] | None = None
     """Where a shell placeholder must stand, if it must (SGLang: right after the entry)."""
+    injected: tuple[str, ...] = ()
+    """The variables its container reads from their pod annotations (``pods.INJECTED``), first in env."""
+    values: tuple[tuple[str, str], ...] = ()
+    """(name, value) of the variables that follow them (their values refer to the injected ones)."""
+    standalone: bool = False
+    """Its container also reads VLLM_ALLREDUCE_USE_FLASHINFER (vLLM's standalone FlashInfer allreduce)."""
 
 
 ENGINES: Final[tuple[Engine, ...]] = (
@@ -417,6 +423,9 @@ ENGINES: Final[tuple[Engine, ...]] = (
         explicit=FUSE_KEY,
         not_servers=(re.compile(r"\bmulti-node-serving\.sh\s+worker\b"), re.compile(r"\bray\s+start\b")),
         image=_IMAGE_REPOSITORY,
+        injected=(contract.ENV_FUSE_ALLREDUCE_RMS,),
+        values=((contract.ENV_VLLM_ARGS, DOTTED_FLAG),),
+        standalone=True,
     ),
     Engine(
         name="sglang",
@@ -432,6 +441,8 @@ ENGINES: Final[tuple[Engine, ...]] = (
         explicit="its FlashInfer allreduce fusion options",
         not_servers=(re.compile(r"\bsglang_router\b"), re.compile(r"\bray\s+start\b")),
         placeholder_at=_SGLANG_ENTRY_AND_TOKEN,
+        injected=(contract.ENV_SGLANG_FLAG,),
+        values=((contract.ENV_SGLANG_ARGS, SGLANG_VALUE),),
     ),
 )
 ENGINE: Final = {engine.name: engine for engine in ENGINES}

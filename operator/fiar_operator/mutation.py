@@ -30,21 +30,15 @@ ENV_ENTRY: Final = injected_entry(contract.ENV_VAR)
 
 
 def fusion_entries(engine: str = "vllm") -> list[dict[str, Any]]:
-    """Fresh copies of fiar's fusion variables for an engine's container; first in the env list, so that
-    any later variable (VLLM_ADDITIONAL_ARGS) may refer to them."""
-    if engine == "sglang":
-        return [
-            injected_entry(contract.ENV_SGLANG_FLAG),
-            {"name": contract.ENV_SGLANG_ARGS, "value": commands.SGLANG_VALUE},
-        ]
-    return [
-        injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
-        {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
-    ]
+    """Fresh copies of fiar's fusion variables for an engine's container (its row in
+    ``commands.ENGINES``); first in the env list, so that any later variable (VLLM_ADDITIONAL_ARGS) may
+    refer to them."""
+    row = commands.ENGINE[engine]
+    return [injected_entry(name) for name in row.injected] + [{"name": n, "value": v} for n, v in row.values]
 
 
 FUSION_NAMES: Final = frozenset(
-    {contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS, contract.ENV_SGLANG_FLAG, contract.ENV_SGLANG_ARGS}
+    name for row in commands.ENGINES for name in (*row.injected, *(n for n, _v in row.values))
 )
 UNMANAGED_DEFAULTS: Final = {
     contract.ANNOTATION_POD_BACKEND: "auto",
@@ -135,7 +129,7 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     under respectExplicitFusion)."""
     rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in FUSION_NAMES)]
     out: list[Any] = fusion_entries(plan.engine) + rest
-    if plan.engine != "vllm":
+    if not commands.ENGINE[plan.engine].standalone:
         return out
     if plan.additional_args is not None:
         at = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == commands.ADDITIONAL_ARGS]
@@ -179,7 +173,7 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
             return []
     env = container.get("env") or []
     own = [e for e in env if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER]
-    if own and not is_injected(own[0]) and policy.respect_explicit_fusion and plan.engine == "vllm":
+    if own and not is_injected(own[0]) and policy.respect_explicit_fusion and commands.ENGINE[plan.engine].standalone:
         warnings.append(f"container {name} sets {contract.ENV_ALLREDUCE_USE_FLASHINFER} itself; kept")
     base = ("spec", "containers", index)
     ops: list[patches.Op] = []
