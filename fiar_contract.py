@@ -99,6 +99,14 @@ ENV_FUSE_ALLREDUCE_RMS: Final = "FIAR_FUSE_ALLREDUCE_RMS"
 ENV_VLLM_ARGS: Final = "FIAR_VLLM_ARGS"
 """Injected variable holding one vLLM flag, ``-cc.pass_config.fuse_allreduce_rms=<value>``: the placeholder
 a shell-string command puts after ``vllm serve``."""
+ANNOTATION_POD_SGLANG_FLAG: Final = "fiar.io/sglang-flag"
+"""One SGLang option, written without its leading ``--`` (one of SGLANG_FLAGS): what an SGLang container's
+command reads through ``--$(FIAR_SGLANG_FLAG)`` (operator/fiar_operator/sglang.py)."""
+ENV_SGLANG_FLAG: Final = "FIAR_SGLANG_FLAG"
+"""Injected variable holding ANNOTATION_POD_SGLANG_FLAG."""
+ENV_SGLANG_ARGS: Final = "FIAR_SGLANG_ARGS"
+"""Injected variable holding ``--$(FIAR_SGLANG_FLAG)``: the token fiar puts in an SGLang command, and the
+placeholder a shell string puts right after ``sglang.launch_server``."""
 IMEX_CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
 """DeviceClass of the IMEX channel a ComputeDomain (NVIDIA DRA driver) gives the pods that claim it."""
 
@@ -127,6 +135,14 @@ MNNVL_WORKSPACE_STATES: Final[tuple[MnnvlWorkspace, ...]] = ("created", "no-mult
 TEST_RESULTS: Final[tuple[TestResult, ...]] = ("pass", "fail", "timeout", "skipped")
 FUSE_ALLREDUCE_RMS: Final[dict[Fusion, str]] = {"on": "null", "off": "false"}
 ALLREDUCE_USE_FLASHINFER: Final[dict[Fusion, str]] = {"on": "1", "off": "0"}
+SglangFlag = Literal["off", "engine"]
+SGLANG_FLAGS: Final[dict[SglangFlag, str]] = {
+    "off": "enforce-disable-flashinfer-allreduce-fusion",
+    "engine": "log-level=info",
+}
+"""off: SGLang's own switch that wins over every model adjustment; engine: SGLang's own choice (no
+option says "unset" for the fusion, so this one restates a default and sits before the user's options,
+whose own --log-level comes later and wins)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,7 @@ POD_ANNOTATION_VALUES: Final[dict[str, frozenset[str]]] = {
     ANNOTATION_POD_FUSE_ALLREDUCE_RMS: frozenset(FUSE_ALLREDUCE_RMS.values()),
     ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: frozenset(ALLREDUCE_USE_FLASHINFER.values()),
     **{g.annotation: frozenset({g.off, g.own}) for g in MULTICAST_GUARD},
+    ANNOTATION_POD_SGLANG_FLAG: frozenset(SGLANG_FLAGS.values()),
 }
 """Every ``fiar.io/`` pod annotation a container reads (through a fieldRef env var, and from there
 into its command line or a shell), with the only values it may hold. The chart's admission policy

@@ -150,10 +150,10 @@ open(os.environ["FIAR_ARGV_OUT"], "w").write(json.dumps(sys.argv[1:]))' "$@"
 """
 
 
-def _shell_argv(argv: list[str], env: dict[str, str]) -> list[str]:
-    """The argv the ``vllm`` executable gets when the shell runs ``argv`` (a real sh/bash does the work)."""
+def _shell_argv(argv: list[str], env: dict[str, str], program: str = "vllm") -> list[str]:
+    """The argv the ``program`` executable gets when the shell runs ``argv`` (a real sh/bash does the work)."""
     with tempfile.TemporaryDirectory() as tmp:
-        fake = Path(tmp) / "vllm"
+        fake = Path(tmp) / program
         fake.write_text(FAKE_VLLM)
         fake.chmod(0o755)
         out = Path(tmp) / "argv.json"

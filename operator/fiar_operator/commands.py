@@ -1,4 +1,12 @@
-"""How a vLLM container's command is made to read fiar's fusion decision: pure functions.
+"""How a vLLM or SGLang container's command is made to read fiar's fusion decision: pure functions.
+
+Each engine is one row of ``ENGINES`` (its entries, the editor of its arguments, its references and
+placeholders, what runs no server of it); ``plan_command`` reads a container through the table. vLLM's
+rules follow; SGLang's (``python -m sglang.launch_server`` and ``sglang serve`` in exec form, a shell
+string holding ``"${FIAR_SGLANG_ARGS}"`` right after the entry) are at ``_sglang_edit`` and in
+docs/sglang.md: fiar inserts ``$(FIAR_SGLANG_ARGS)`` before the user's options, and leaves alone (and
+reports) ``--config``, both the enforce-disable switch and a backend, an unknown backend value, and an
+abbreviated fusion option.
 
 vLLM has no environment variable that turns its AR+RMSNorm fusion pass off; the switch is the
 compilation config, a command-line flag (``-cc.pass_config.fuse_allreduce_rms=false``, or the same key
@@ -37,8 +45,10 @@ Command forms understood (``form``):
 
 Anything else (another shell string, ``--config FILE`` whose YAML may hold a compilation config, a
 JSON that is not an object, an abbreviated flag) is *not understood*: the command is left exactly
-as it is, and ``reason`` says why. A container whose image, command and args do not name vLLM at all
-is taken for a sidecar (``mentions_vllm`` False): not understood either, but not reported.
+as it is, and ``reason`` says why (naming the entry the command itself spells). A container whose
+image, command and args name no engine, or that runs only an engine's worker or router (``ray
+start``, ``multi-node-serving.sh worker``, ``sglang_router``), is taken for something else
+(``mentions_vllm`` False): not understood either, but not reported.
 """
 
 from __future__ import annotations
@@ -46,13 +56,21 @@ from __future__ import annotations
 import json
 import os.path
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
 
-Form = Literal["vllm-serve", "api-server", "image-entrypoint", "additional-args", "placeholder"]
+Form = Literal[
+    "vllm-serve",
+    "api-server",
+    "image-entrypoint",
+    "additional-args",
+    "placeholder",
+    "sglang-launch-server",
+    "sglang-serve",
+]
 
 FUSE_KEY: Final = "fuse_allreduce_rms"
 REF_FUSE: Final = f"$({contract.ENV_FUSE_ALLREDUCE_RMS})"
@@ -95,8 +113,12 @@ class CommandPlan:
     additional_args: str | None = None
     """The new value of VLLM_ADDITIONAL_ARGS; None: unchanged."""
     mentions_vllm: bool = True
-    """Whether the image, command or args name vLLM at all: a container that does not (a sidecar, a Ray
-    worker's ``ray start``) is not reported when its command is not understood."""
+    """Whether the container runs an engine server fiar knows (vLLM or SGLang) as far as its image,
+    command and args tell: one that names neither (a sidecar), or runs only an engine's worker or
+    router (a Ray worker's ``ray start``, LeaderWorkerSet's ``multi-node-serving.sh worker``, SGLang's
+    router), is not reported when its command is not understood."""
+    engine: str = "vllm"
+    """The ``Engine.name`` of the row that read the command."""
 
     @property
     def understood(self) -> bool:
@@ -250,6 +272,191 @@ def _has_reference(texts: Sequence[str]) -> bool:
     return any(REF_FUSE in t or REF_ARGS in t for t in texts)
 
 
+def _vllm_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str]:
+    """vLLM's arguments with the fusion reference (merged into a JSON config, or the dotted flag appended)."""
+    edited, explicit, problem, append = _edit(tokens, respect)
+    if edited is None:
+        return None, explicit, problem
+    return edited + ([DOTTED_FLAG] if append else []), False, ""
+
+
+# -- SGLang -------------------------------------------------------------------------------------------
+SGLANG_TOKEN: Final = f"$({contract.ENV_SGLANG_ARGS})"
+"""The token fiar puts right after SGLang's entry; it expands to ``--`` + the pod's fiar.io/sglang-flag."""
+SGLANG_VALUE: Final = f"--$({contract.ENV_SGLANG_FLAG})"
+"""The value of FIAR_SGLANG_ARGS: never empty, whatever the annotation holds."""
+SHELL_REF_SGLANG: Final = f'"${{{contract.ENV_SGLANG_ARGS}}}"'
+SGLANG_DISABLE: Final = "--enforce-disable-flashinfer-allreduce-fusion"
+SGLANG_BACKEND: Final = "--flashinfer-allreduce-fusion-backend"
+SGLANG_ENABLE: Final = "--enable-flashinfer-allreduce-fusion"
+"""Deprecated since 0.5.x: means ``--flashinfer-allreduce-fusion-backend=auto``."""
+SGLANG_BACKENDS: Final = frozenset({"auto", "trtllm", "mnnvl", "cutedsl"})
+"""The values 0.5.23 accepts for SGLANG_BACKEND (0.5.20 and older: without cutedsl)."""
+_SGLANG_FUSION_FLAGS: Final = (SGLANG_DISABLE, SGLANG_BACKEND, SGLANG_ENABLE)
+_SGLANG_ENTRY_AND_TOKEN = re.compile(r"(sglang\.launch_server|sglang serve)\s+" + re.escape(SHELL_REF_SGLANG))
+
+
+def _sglang_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str]:
+    """SGLang's arguments with SGLANG_TOKEN before the user's options (theirs, after it, win over the
+    default it may restate; after a leading model path, which ``sglang serve`` takes as positional);
+    the user's own fusion options kept under ``respect``, else dropped.
+
+    Left alone (problem): ``--config`` (its YAML may set the fusion), an abbreviation of a fusion option
+    (SGLang's argparse accepts those), a backend value SGLang does not know, a backend together with
+    the enforce-disable switch, an option without its value.
+    """
+    own: list[int] = []
+    disable = backend = False
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, value = token.partition("=")
+        if name == "--config":
+            return None, False, "--config: its YAML file may set SGLang's allreduce fusion"
+        if name == "--":
+            return None, False, "a '--' separator among SGLang's arguments"
+        if name in _SGLANG_FUSION_FLAGS:
+            own.append(i)
+            if name == SGLANG_BACKEND:
+                if not eq:
+                    if i + 1 >= len(tokens):
+                        return None, False, f"{token} without a value"
+                    i += 1
+                    value = tokens[i]
+                    own.append(i)
+                if value not in SGLANG_BACKENDS:
+                    return None, False, f"{SGLANG_BACKEND} {value!r} is not a backend SGLang knows"
+                backend = True
+            elif name == SGLANG_DISABLE:
+                disable = True
+            else:
+                backend = True
+        elif name.startswith("--") and len(name) > 2 and any(f.startswith(name) for f in _SGLANG_FUSION_FLAGS):
+            return None, False, f"{token}: an abbreviation of an SGLang fusion option"
+        i += 1
+    if disable and backend:
+        return None, False, f"it sets both {SGLANG_DISABLE} and a backend"
+    if own and respect:
+        return None, True, ""
+    kept = [t for j, t in enumerate(tokens) if j not in set(own)]
+    at = 1 if kept[:1] and not kept[0].startswith("-") else 0  # `sglang serve MODEL`: the model stays first
+    return [*kept[:at], SGLANG_TOKEN, *kept[at:]], False, ""
+
+
+# -- the engines --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """How a command starts an engine's server: ``PROGRAM WORDS...`` or ``python[3[.x]] -m MODULE``."""
+
+    form: Form
+    program: str = ""
+    words: tuple[str, ...] = ()
+    module: str = ""
+
+    def start(self, argv: Sequence[str]) -> int | None:
+        """Where the engine's own arguments start in ``argv``, or None when ``argv`` is not this entry."""
+        if not argv:
+            return None
+        program = os.path.basename(argv[0])
+        if self.module:
+            return 3 if _PYTHON.fullmatch(program) and list(argv[1:3]) == ["-m", self.module] else None
+        return (
+            1 + len(self.words)
+            if program == self.program and tuple(argv[1 : 1 + len(self.words)]) == self.words
+            else None
+        )
+
+    @property
+    def text(self) -> str:
+        return f"python -m {self.module}" if self.module else " ".join((self.program, *self.words))
+
+    def found_in(self, script: str) -> str | None:
+        """This entry as ``script`` spells it (for a hint), or None."""
+        pattern = (r"\bpython[\d.]*\s+-m\s+" + re.escape(self.module)) if self.module else re.escape(self.text)
+        match = re.search(pattern + r"\b", script)
+        return match.group(0) if match else None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine fiar makes read the fusion decision: a new engine is one row of ENGINES."""
+
+    name: str
+    label: str
+    entries: tuple[Entry, ...]
+    edit: Callable[[list[str], bool], tuple[list[str] | None, bool, str]]
+    """(the engine's arguments with fiar's reference, or None; the user sets the fusion itself; problem)."""
+    references: tuple[str, ...]
+    """Texts in an exec command that mark a container fiar already changed."""
+    shell_reference: re.Pattern[str]
+    """A shell string that expands fiar's variable itself."""
+    shell_placeholder: str
+    """What a shell string puts after the entry."""
+    explicit: str
+    """What a container that sets the fusion itself sets (for the respectExplicitFusion warning)."""
+    not_servers: tuple[re.Pattern[str], ...] = ()
+    """Commands that name the engine but run no server of it: a worker or a router."""
+    image: re.Pattern[str] | None = None
+    """Image repositories whose entrypoint is the engine's server (args-only containers)."""
+    placeholder_at: re.Pattern[str] | None = None
+    """Where a shell placeholder must stand, if it must (SGLang: right after the entry)."""
+    injected: tuple[str, ...] = ()
+    """The variables its container reads from their pod annotations (``pods.INJECTED``), first in env."""
+    values: tuple[tuple[str, str], ...] = ()
+    """(name, value) of the variables that follow them (their values refer to the injected ones)."""
+    standalone: bool = False
+    """Its container also reads VLLM_ALLREDUCE_USE_FLASHINFER (vLLM's standalone FlashInfer allreduce)."""
+    guards_itself: tuple[str, ...] = ()
+    """Multicast-guard variables the engine sets off itself where they are unset: fiar injects none of
+    them (an injected "unset" value would turn the engine's own off into the library's default)."""
+    forces_multicast: tuple[str, ...] = ()
+    """Its flags that set those variables on whatever the environment says (reported)."""
+
+
+ENGINES: Final[tuple[Engine, ...]] = (
+    Engine(
+        name="vllm",
+        label="vLLM",
+        entries=(
+            Entry("vllm-serve", program="vllm", words=("serve",)),
+            Entry("api-server", module=API_SERVER_MODULE),
+        ),
+        edit=_vllm_edit,
+        references=(REF_FUSE, REF_ARGS),
+        shell_reference=_SHELL_REFERENCE,
+        shell_placeholder=SHELL_REF_ARGS,
+        explicit=FUSE_KEY,
+        not_servers=(re.compile(r"\bmulti-node-serving\.sh\s+worker\b"), re.compile(r"\bray\s+start\b")),
+        image=_IMAGE_REPOSITORY,
+        injected=(contract.ENV_FUSE_ALLREDUCE_RMS,),
+        values=((contract.ENV_VLLM_ARGS, DOTTED_FLAG),),
+        standalone=True,
+    ),
+    Engine(
+        name="sglang",
+        label="SGLang",
+        entries=(
+            Entry("sglang-launch-server", module="sglang.launch_server"),
+            Entry("sglang-serve", program="sglang", words=("serve",)),
+        ),
+        edit=_sglang_edit,
+        references=(SGLANG_TOKEN,),
+        shell_reference=re.compile(r"\$\{?" + contract.ENV_SGLANG_ARGS + r"\b"),
+        shell_placeholder=SHELL_REF_SGLANG,
+        explicit="its FlashInfer allreduce fusion options",
+        not_servers=(re.compile(r"\bsglang_router\b"), re.compile(r"\bray\s+start\b")),
+        placeholder_at=_SGLANG_ENTRY_AND_TOKEN,
+        injected=(contract.ENV_SGLANG_FLAG,),
+        values=((contract.ENV_SGLANG_ARGS, SGLANG_VALUE),),
+        # sglang/srt/entrypoints/engine.py (0.5.23) _set_envs_and_config: NCCL_NVLS_ENABLE is set to
+        # str(int(enable_nccl_nvls or enable_symm_mem)) when unset or when either flag is given.
+        guards_itself=("NCCL_NVLS_ENABLE",),
+        forces_multicast=("--enable-nccl-nvls", "--enable-symm-mem"),
+    ),
+)
+ENGINE: Final = {engine.name: engine for engine in ENGINES}
+
+
 def plan_command(container: Mapping[str, Any], respect_explicit: bool = True) -> CommandPlan:
     """How ``container`` is made to read the fusion decision (see the module docstring)."""
     command = _strings(container.get("command"))
@@ -258,39 +465,99 @@ def plan_command(container: Mapping[str, Any], respect_explicit: bool = True) ->
         return CommandPlan(None, f"command and args must be lists of at most {MAX_TOKENS} strings")
     env = container.get("env")
     extra_present, extra = _env_value(env, ADDITIONAL_ARGS)
-    if _has_reference(command + args) or (extra is not None and (REF_ARGS in extra or SHELL_REF_ARGS in extra)):
+    argv = command + args
+    for engine in ENGINES:
+        if any(ref in t for ref in engine.references for t in argv):
+            return CommandPlan("placeholder", engine=engine.name)
+    if extra is not None and (REF_ARGS in extra or SHELL_REF_ARGS in extra):
         return CommandPlan("placeholder")
-    argv = command + args
-    if not any("vllm" in text.lower() for text in [str(container.get("image") or ""), *argv]):
-        return CommandPlan(None, "neither its image nor its command names vLLM", mentions_vllm=False)
+    image = str(container.get("image") or "")
+    text = " ".join([image, *argv]).lower()
+    named = [engine for engine in ENGINES if engine.name in text]
+    if not named:
+        labels = " nor ".join(engine.label for engine in ENGINES)
+        return CommandPlan(None, f"neither its image nor its command names {labels}", mentions_vllm=False)
+    first = named[0]
     if not command:
-        if not _IMAGE_REPOSITORY.search(_image_repository(str(container.get("image") or ""))):
-            return CommandPlan(None, "no command, and the image's entrypoint is not known to be vLLM's server")
-        return _exec("image-entrypoint", command, args, 0, respect_explicit)
+        for engine in named:
+            if engine.image is not None and engine.image.search(_image_repository(image)):
+                return _exec(engine, "image-entrypoint", command, args, 0, respect_explicit)
+        return CommandPlan(
+            None, f"no command, and the image's entrypoint is not known to be {first.label}'s server", engine=first.name
+        )
+    for engine in ENGINES:
+        for entry in engine.entries:
+            at = entry.start(argv)
+            if at is not None:
+                return _exec(engine, entry.form, command, args, at, respect_explicit)
     program = os.path.basename(argv[0])
-    if program == "vllm" and argv[1:2] == ["serve"]:
-        return _exec("vllm-serve", command, args, 2, respect_explicit)
-    if _PYTHON.fullmatch(program) and argv[1:3] == ["-m", API_SERVER_MODULE]:
-        return _exec("api-server", command, args, 3, respect_explicit)
     if program in _SHELLS and argv[1:2] == ["-c"] and len(argv) > 2:
-        script = argv[2]
-        if _SHELL_REFERENCE.search(script):
-            return CommandPlan("placeholder")
-        if ADDITIONAL_ARGS in script and "vllm serve" in script:
-            return _additional(command, args, extra_present, extra, script, respect_explicit)
-        return CommandPlan(None, f"a shell command: put {SHELL_REF_ARGS} after 'vllm serve' in it")
-    return CommandPlan(None, f"{program} is neither 'vllm serve' nor 'python -m {API_SERVER_MODULE}'")
+        return _shell(named, command, args, extra_present, extra, respect_explicit)
+    if any(pattern.search(" ".join(argv)) for engine in named for pattern in engine.not_servers):
+        return CommandPlan(None, f"{program} runs no engine server", mentions_vllm=False, engine=first.name)
+    entries = " nor ".join(f"'{entry.text}'" for entry in first.entries)
+    return CommandPlan(None, f"{program} is neither {entries}", engine=first.name)
 
 
-def _exec(form: Form, command: list[str], args: list[str], start: int, respect: bool) -> CommandPlan:
-    """An exec-form command whose vLLM arguments start at ``start`` of command + args."""
+def _shell(
+    named: list[Engine], command: list[str], args: list[str], present: bool, extra: str | None, respect: bool
+) -> CommandPlan:
+    """A ``sh -c SCRIPT`` command: fiar's placeholder in it, KServe's VLLM_ADDITIONAL_ARGS, or a hint."""
+    script = (command + args)[2]
+    for engine in named:
+        if engine.shell_reference.search(script):
+            if engine.placeholder_at is not None and not engine.placeholder_at.search(script):
+                return CommandPlan(
+                    None,
+                    f"a shell command: {engine.shell_placeholder} must follow '{engine.entries[0].text}' directly",
+                    engine=engine.name,
+                )
+            return CommandPlan("placeholder", engine=engine.name)
+    if ADDITIONAL_ARGS in script and "vllm serve" in script:
+        return _additional(command, args, present, extra, script, respect)
+    for engine in named:
+        for entry in engine.entries:
+            spelled = entry.found_in(script)
+            if spelled:
+                return CommandPlan(
+                    None, f"a shell command: put {engine.shell_placeholder} after '{spelled}' in it", engine=engine.name
+                )
+    for engine in named:
+        if any(pattern.search(script) for pattern in engine.not_servers):
+            return CommandPlan(None, "its shell command runs no engine server", mentions_vllm=False, engine=engine.name)
+    first = named[0]
+    return CommandPlan(
+        None, f"a shell command: put {first.shell_placeholder} after '{first.entries[0].text}' in it", engine=first.name
+    )
+
+
+def _exec(engine: Engine, form: Form, command: list[str], args: list[str], start: int, respect: bool) -> CommandPlan:
+    """An exec-form command whose engine arguments start at ``start`` of command + args."""
     argv = command + args
-    tokens, explicit, problem, append = _edit(argv[start:], respect)
+    tokens, explicit, problem = engine.edit(argv[start:], respect)
     if tokens is None:
-        return CommandPlan(None if not explicit else form, problem, explicit)
-    new = argv[:start] + tokens + ([DOTTED_FLAG] if append else [])
-    new_command, new_args = _split(new, command, args)
-    return CommandPlan(form, command=new_command, args=new_args)
+        return CommandPlan(None if not explicit else form, problem, explicit, engine=engine.name)
+    if engine.name == "sglang":
+        new_command, new_args = _split_inserted(argv[:start], tokens, command, args)
+    else:
+        new_command, new_args = _split(argv[:start] + tokens, command, args)
+    return CommandPlan(form, command=new_command, args=new_args, engine=engine.name)
+
+
+def _split_inserted(
+    head: list[str], tokens: list[str], command: list[str], args: list[str]
+) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """As ``_split``, for ``tokens`` holding fiar's SGLANG_TOKEN: it is inserted into the command when
+    its place is inside the command, else into args (the other tokens stay where they were)."""
+    at = len(head) + tokens.index(SGLANG_TOKEN)
+    rest_command, rest_args = _split(head + [t for t in tokens if t != SGLANG_TOKEN], command, args)
+    new_command = list(rest_command if rest_command is not None else command)
+    new_args = list(rest_args if rest_args is not None else args)
+    if at < len(new_command):
+        new_command.insert(at, SGLANG_TOKEN)
+    else:
+        new_args.insert(at - len(new_command), SGLANG_TOKEN)
+    return (None if new_command == command else tuple(new_command)), (None if new_args == args else tuple(new_args))
 
 
 def _split(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator import limits, releases
+from fiar_operator import limits, releases, sglang
 from fiar_operator.limits import Budget
 from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
 from fiar_operator.policy import Policy
@@ -97,6 +97,14 @@ class Decision:
     """FlashInfer allreduce paths still on although the fusion is off (no safe value for the release)."""
     release: str | None = None
     """The vLLM release the decision was made for (None: not known)."""
+    verified_backends: frozenset[contract.Backend] = frozenset()
+    """The allowed backends the node (or, for a group, the group) verifies: what SGLang's flag is read from."""
+    multi: bool = False
+    """The pod is one of a multi-pod group."""
+    multicast: str | None = None
+    """The node's fiar.io/multicast label (SGLang's flag reads it)."""
+    controlled: bool = True
+    """The policy's fusionControl is Enabled."""
 
     @property
     def verified(self) -> bool:
@@ -117,8 +125,16 @@ class Decision:
                 "on" if self.flashinfer_allreduce else "off"
             ],
             **{g.annotation: g.off if self.guard else g.own for g in contract.MULTICAST_GUARD},
+            contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS[self.sglang_flag],
             contract.ANNOTATION_POD_DECISION: self.to_json(),
         }
+
+    @property
+    def sglang_flag(self) -> contract.SglangFlag:
+        """The same decision as SGLang's option (``sglang.py``)."""
+        if not self.controlled:
+            return "engine"
+        return sglang.sglang_flag(self.fusion, self.verified, self.verified_backends, self.multi, self.multicast)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -191,6 +207,7 @@ def pending(policy: Policy) -> Decision:
         trigger="create",
         fusion=fusion(policy, "Pending"),
         guard=guard(policy, None),
+        controlled=policy.fusion_control != "Disabled",
     )
 
 
@@ -309,7 +326,19 @@ def decide(
         off_by=off_by,
         not_turned_off=not_turned_off,
         release=release,
+        verified_backends=_verified_backends(policy, facts, group, reason),
+        multi=group.multi,
+        multicast=(node_labels or {}).get(contract.LABEL_MULTICAST),
+        controlled=policy.fusion_control != "Disabled",
     )
+
+
+def _verified_backends(
+    policy: Policy, facts: NodeFacts | None, group: GroupPlan, reason: Reason
+) -> frozenset[contract.Backend]:
+    if group.multi:
+        return frozenset({MULTI_NODE_BACKEND}) if reason == VERIFIED_REASON else frozenset()
+    return verified_for(policy, facts) if facts is not None else frozenset()
 
 
 def verified_for(policy: Policy, facts: NodeFacts) -> frozenset[contract.Backend]:

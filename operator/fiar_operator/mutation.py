@@ -37,21 +37,23 @@ def injected_entry(name: str) -> dict[str, Any]:
 ENV_ENTRY: Final = injected_entry(contract.ENV_VAR)
 
 
-def fusion_entries() -> list[dict[str, Any]]:
-    """Fresh copies of fiar's fusion variables; first in the env list, so that any later variable
-    (VLLM_ADDITIONAL_ARGS) may refer to them."""
-    return [
-        injected_entry(contract.ENV_FUSE_ALLREDUCE_RMS),
-        {"name": contract.ENV_VLLM_ARGS, "value": commands.DOTTED_FLAG},
-    ]
+def fusion_entries(engine: str = "vllm") -> list[dict[str, Any]]:
+    """Fresh copies of fiar's fusion variables for an engine's container (its row in
+    ``commands.ENGINES``); first in the env list, so that any later variable (VLLM_ADDITIONAL_ARGS) may
+    refer to them."""
+    row = commands.ENGINE[engine]
+    return [injected_entry(name) for name in row.injected] + [{"name": n, "value": v} for n, v in row.values]
 
 
-FUSION_NAMES: Final = frozenset({contract.ENV_FUSE_ALLREDUCE_RMS, contract.ENV_VLLM_ARGS})
+FUSION_NAMES: Final = frozenset(
+    name for row in commands.ENGINES for name in (*row.injected, *(n for n, _v in row.values))
+)
 UNMANAGED_DEFAULTS: Final = {
     contract.ANNOTATION_POD_BACKEND: "auto",
     contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: contract.FUSE_ALLREDUCE_RMS["on"],
     contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: contract.ALLREDUCE_USE_FLASHINFER["on"],
     **{g.annotation: g.own for g in contract.MULTICAST_GUARD},
+    contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS["engine"],
 }
 """The engines' own defaults, for a pod that reads fiar's annotations without a policy taking it."""
 
@@ -135,7 +137,9 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     standalone FlashInfer allreduce switch read from its annotation (a container's own value is kept
     under respectExplicitFusion)."""
     rest = [e for e in env if not (isinstance(e, Mapping) and e.get("name") in FUSION_NAMES)]
-    out: list[Any] = fusion_entries() + rest
+    out: list[Any] = fusion_entries(plan.engine) + rest
+    if not commands.ENGINE[plan.engine].standalone:
+        return out
     if plan.additional_args is not None:
         at = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == commands.ADDITIONAL_ARGS]
         entry = {"name": commands.ADDITIONAL_ARGS, "value": plan.additional_args}
@@ -169,7 +173,8 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
         if policy.fusion_control == "Disabled":
             return []
         if plan.explicit:
-            warnings.append(f"container {name} sets fuse_allreduce_rms itself; left alone (respectExplicitFusion)")
+            what = commands.ENGINE[plan.engine].explicit
+            warnings.append(f"container {name} sets {what} itself; left alone (respectExplicitFusion)")
             return []
         if not plan.understood:
             if plan.mentions_vllm:
@@ -177,7 +182,7 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
             return []
     env = container.get("env") or []
     own = [e for e in env if isinstance(e, Mapping) and e.get("name") == contract.ENV_ALLREDUCE_USE_FLASHINFER]
-    if own and not is_injected(own[0]) and policy.respect_explicit_fusion:
+    if own and not is_injected(own[0]) and policy.respect_explicit_fusion and commands.ENGINE[plan.engine].standalone:
         warnings.append(f"container {name} sets {contract.ENV_ALLREDUCE_USE_FLASHINFER} itself; kept")
     base = ("spec", "containers", index)
     ops: list[patches.Op] = []
@@ -190,7 +195,9 @@ def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnin
     return ops
 
 
-def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str]) -> list[Any]:
+def _guard_env(
+    env: list[Any], name: str, respect: bool, warnings: list[str], skip: tuple[str, ...] = ()
+) -> list[Any]:
     """The env list with each multicast-guard variable read from its annotation (``contract.MULTICAST_GUARD``).
 
     A container's own entry is kept under respectExplicitEnv and replaced without it; an entry whose
@@ -198,6 +205,8 @@ def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str]) ->
     reported, never overwritten or duplicated."""
     out = list(env)
     for guard in contract.MULTICAST_GUARD:
+        if guard.env in skip:
+            continue
         hits = [j for j, e in enumerate(out) if isinstance(e, Mapping) and e.get("name") == guard.env]
         own = [j for j in hits if not is_injected(out[j])]
         if not hits:
@@ -226,7 +235,16 @@ def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str]) ->
 def _guard_ops(policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]) -> list[patches.Op]:
     """Ops that make a container read the multicast guard from the pod's annotations."""
     env = container.get("env") or []
-    new_env = _guard_env(list(env), str(container.get("name", "")), policy.respect_explicit_env, warnings)
+    name = str(container.get("name", ""))
+    engine = commands.ENGINE[commands.plan_command(container).engine]
+    words = [str(w) for key in ("command", "args") for w in (container.get(key) or []) if isinstance(w, str)]
+    forced = [f for f in engine.forces_multicast if any(w == f or w.startswith(f + "=") for w in words)]
+    if forced:
+        warnings.append(
+            f"container {name} passes {', '.join(forced)}: {engine.label} then sets "
+            f"{', '.join(engine.guards_itself)} on itself, and the multicast guard cannot keep it off"
+        )
+    new_env = _guard_env(list(env), name, policy.respect_explicit_env, warnings, engine.guards_itself)
     if new_env == env:
         return []
     return [{"op": "add", "path": patches.pointer("spec", "containers", index, "env"), "value": new_env}]

@@ -34,6 +34,7 @@ INJECTED: Final = {
     contract.ENV_FUSE_ALLREDUCE_RMS: contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS,
     contract.ENV_ALLREDUCE_USE_FLASHINFER: contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
     **{g.env: g.annotation for g in contract.MULTICAST_GUARD},
+    contract.ENV_SGLANG_FLAG: contract.ANNOTATION_POD_SGLANG_FLAG,
 }
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
@@ -69,11 +70,15 @@ class PodRecord:
     writes is never read)."""
     guard: tuple[str | None, ...] = ()
     """The multicast-guard annotations, in ``contract.MULTICAST_GUARD`` order (None: absent or not allowed)."""
+    sglang: str | None = None
+    """The fiar.io/sglang-flag annotation (None likewise)."""
     reads: frozenset[str] = frozenset()
     """Annotations that an injected env var of a container reads."""
     uncontrolled: tuple[str, ...] = ()
     """Managed pods only: containers whose command fiar cannot make read the fusion decision (it does
     not understand it) and that do not set the fusion themselves."""
+    uncontrolled_reasons: Mapping[str, str] = field(default_factory=dict)
+    """Why, per container of ``uncontrolled`` (``commands.CommandPlan.reason``)."""
     imex_claims: frozenset[str] = frozenset()
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
     releases: tuple[tuple[str, str], ...] = ()
@@ -102,6 +107,7 @@ class PodRecord:
             contract.ANNOTATION_POD_BACKEND: self.backend,
             contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: self.fuse,
             contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER: self.use_flashinfer,
+            contract.ANNOTATION_POD_SGLANG_FLAG: self.sglang,
         }
         values.update(zip((g.annotation for g in contract.MULTICAST_GUARD), self.guard, strict=False))
         return values.get(key)
@@ -204,16 +210,17 @@ def annotations_read(spec: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
-def _uncontrolled(spec: Mapping[str, Any]) -> tuple[str, ...]:
+def _uncontrolled(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Container name -> why fiar cannot make its command read the decision, in spec order."""
     containers = spec.get("containers")
-    found = []
+    found = {}
     for container in containers if isinstance(containers, list) else []:
         if not isinstance(container, Mapping):
             continue
         plan = plan_command(container)
         if not plan.understood and not plan.explicit and plan.mentions_vllm:
-            found.append(str(container.get("name", "")))
-    return tuple(found)
+            found[str(container.get("name", ""))] = plan.reason
+    return found
 
 
 def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -282,6 +289,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     except (AttributeError, TypeError):
         constraint, pinned, clique_affinity, claims = ANYWHERE, False, frozenset(), frozenset()
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
+    uncontrolled = _uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else {}
     return PodRecord(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -313,8 +321,12 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         guard=tuple(
             contract.pod_annotation_value(g.annotation, annotations.get(g.annotation)) for g in contract.MULTICAST_GUARD
         ),
+        sglang=contract.pod_annotation_value(
+            contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
+        ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
-        uncontrolled=_uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else (),
+        uncontrolled=tuple(uncontrolled),
+        uncontrolled_reasons=uncontrolled,
         imex_claims=claims,
         releases=_releases(spec) if isinstance(spec, Mapping) else (),
     )

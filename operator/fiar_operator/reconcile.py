@@ -144,6 +144,9 @@ def _change(record: PodRecord, decision: decide.Decision) -> str:
     if any(g.annotation in record.reads for g in contract.MULTICAST_GUARD) and record.guarded != decision.guard:
         before = {True: "on", False: "off", None: "unset"}[record.guarded]
         text += f", multicast guard {before} -> {'on' if decision.guard else 'off'}"
+    if contract.ANNOTATION_POD_SGLANG_FLAG in record.reads:
+        was = f"--{record.sglang}" if record.sglang else "-"
+        text += f", SGLang {was} -> --{contract.SGLANG_FLAGS[decision.sglang_flag]}"
     return text
 
 
@@ -220,11 +223,15 @@ def uncontrolled_containers(record: PodRecord, policy: Policy) -> list[str]:
 
 
 def uncontrolled_message(record: PodRecord, names: Sequence[str]) -> str:
+    reasons = record.uncontrolled_reasons
+    why = "; ".join(f"{name}: {reasons[name]}" for name in names if name in reasons)
     return (
-        f"fiar cannot switch vLLM's FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
+        f"fiar cannot switch the FlashInfer allreduce fusion in container(s) {', '.join(names)}: their command "
         f"is not one it understands, so it is left as it is; on nodes without a verified backend they run with "
         f"{contract.ENV_VAR}={record.backend} only. Use exec form 'vllm serve ...' or put "
-        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command"
+        f"$({contract.ENV_VLLM_ARGS}) after 'vllm serve' in a shell command (SGLang: exec form "
+        f"'python3 -m sglang.launch_server ...', or \"${{{contract.ENV_SGLANG_ARGS}}}\" right after it)"
+        + (f" ({why})" if why else "")
     )
 
 
@@ -341,7 +348,9 @@ def policy_status(
             continue
         reason = (pod.decision or {}).get("reason")
         outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
-        if contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off":
+        if (contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off") or (
+            contract.ANNOTATION_POD_SGLANG_FLAG in pod.reads and pod.sglang == contract.SGLANG_FLAGS["off"]
+        ):
             outcome["fusionOff"] += 1
         if pod.guarded and any(g.annotation in pod.reads for g in contract.MULTICAST_GUARD):
             outcome["multicastGuarded"] += 1

@@ -444,7 +444,7 @@ def test_an_eval_fiar_cannot_place_is_not_understood() -> None:
     assert not plan.understood and "eval" in plan.reason
 
 
-@pytest.mark.parametrize("key", sorted(contract.POD_ANNOTATION_VALUES))
+@pytest.mark.parametrize("key", sorted(set(contract.POD_ANNOTATION_VALUES) - {contract.ANNOTATION_POD_SGLANG_FLAG}))
 def test_a_value_outside_the_allowlist_is_read_as_absent_and_replaced_by_vllms_default(key: str) -> None:
     out, _warnings = mutated(pod(FORMS["production-stack"]))
     copied = copy.deepcopy(out)

@@ -192,3 +192,78 @@ def test_a_command_fiar_does_not_understand_is_left_alone_and_reported(operator:
         30,
         "fusionUncontrolled in the policy status",
     )
+
+
+SGLANG = ["python3", "-m", "sglang.launch_server"]
+SGLANG_ARGS = ["--model-path", "Qwen/Qwen3-30B-A3B", "--host", "0.0.0.0", "--port", "30000", "--tp", "2"]
+SGLANG_OFF = "--enforce-disable-flashinfer-allreduce-fusion"
+SGLANG_OWN = "--log-level=info"
+
+
+def test_sglang_pods_beside_vllm_get_the_option_their_node_allows_and_drift_flips_it(
+    operator: Any, kit: Any, namespace: str
+) -> None:
+    b, m, mn, t = contract.LABEL_BACKEND, contract.LABEL_MULTICAST, contract.LABEL_MNNVL, contract.LABEL_TRTLLM
+    nodes = {
+        f"sm-{kit.unique}": ({b: "mnnvl", m: "supported", mn: "pass", t: "pass"}, SGLANG_OWN),
+        # trtllm verified, no multicast: SGLang's mnnvl cannot start, its trtllm is verified
+        f"st-{kit.unique}": ({b: "trtllm", m: "unsupported", mn: "skipped", t: "pass"}, SGLANG_OWN),
+        # trtllm verified, multicast disabled by host policy: SGLang's auto may pick mnnvl
+        f"sd-{kit.unique}": ({b: "trtllm", m: "disabled", mn: "skipped", t: "pass"}, SGLANG_OFF),
+        f"sp-{kit.unique}": ({b: "none", m: "unsupported", mn: "fail", t: "fail"}, SGLANG_OFF),
+    }
+    for name, (labels, _flag) in nodes.items():
+        kit.node(name, None, **labels, **{f"pool-{kit.unique}": "sglang"})
+    policy = f"sglang-{kit.unique}"
+    kit.policy(policy, namespace, podSelector={"matchLabels": {"app": "sglang"}})
+    replicas = 4
+    container = {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23", "command": SGLANG, "args": SGLANG_ARGS}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "sglang"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "sglang"}},
+            "template": {
+                "metadata": {"labels": {"app": "sglang"}},
+                "spec": {
+                    "nodeSelector": {f"pool-{kit.unique}": "sglang"},
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule",
+                            "labelSelector": {"matchLabels": {"app": "sglang"}},
+                        }
+                    ],
+                    "containers": [container],
+                },
+            },
+        },
+    }
+    kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
+    pods = kit.running(namespace, replicas, "app=sglang", timeout=90)
+    on_node: dict[str, str] = {}
+    for pod in pods:
+        node = pod["spec"]["nodeName"]
+        argv, env = process(pod)
+        assert argv == [*SGLANG, nodes[node][1], *SGLANG_ARGS], "fiar's option first, then the user's"
+        assert contract.ENV_ALLREDUCE_USE_FLASHINFER not in env
+        on_node[node] = pod["metadata"]["name"]
+    assert set(on_node) == set(nodes)
+    kit.wait(
+        lambda: (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionOff") == 2, 30, "fusionOff"
+    )
+
+    # The multicast-less node's fabric is fixed but its mnnvl test fails: SGLang's auto would pick mnnvl.
+    changed = f"st-{kit.unique}"
+    kit.relabel(changed, {m: "supported", mn: "fail"})
+    name = on_node[changed]
+    kit.wait(lambda: process(get(kit, namespace, name))[0][3] == SGLANG_OFF, 30, f"pod {name} re-annotated")
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in kit.events(namespace, name) if e["reason"] == "NodeVerdictChanged"]
+
+    (event, *_more) = kit.wait(warned, 30, f"NodeVerdictChanged event on {name}")
+    assert f"SGLang --log-level=info -> {SGLANG_OFF}" in event["message"]

@@ -7,7 +7,9 @@
    with the hardware read from the fixture. Each labels its own node.
 3. Run ``fiar-operator run``, which installs its CRD and registers its webhooks on 127.0.0.1.
 4. Create a FiAllreducePolicy and a Deployment of vLLM-like pods, one per node, and print what every
-   pod got and why. Everything keeps running for you to explore until ``make down``.
+   pod got and why; then the same for a Deployment of SGLang pods beside them (one per node with a
+   GPU left), and what SGLang option each got. Everything keeps running for you to explore until
+   ``make down``.
 """
 
 from __future__ import annotations
@@ -186,6 +188,110 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
         _wait(running, 90, "vLLM pods Running")
 
 
+SGLANG_APP = "sglang"
+SGLANG_COMMAND = ["python3", "-m", "sglang.launch_server"]
+SGLANG_ARGS = ["--model-path", "Qwen/Qwen3-30B-A3B", "--tp", "1", "--port", "30000"]
+
+
+def deploy_sglang(plane: ControlPlane, replicas: int) -> None:
+    """A policy for SGLang pods and a Deployment of them, one per node that has a GPU left."""
+    from kubernetes import client
+
+    labels = {"app.kubernetes.io/name": SGLANG_APP}
+    with plane.api_client() as api:
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "fiar.io",
+            "v1alpha1",
+            "fiallreducepolicies",
+            {
+                "apiVersion": "fiar.io/v1alpha1",
+                "kind": "FiAllreducePolicy",
+                "metadata": {"name": SGLANG_APP},
+                "spec": {"podSelector": {"matchLabels": labels}},
+            },
+        )
+        pod_spec = {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": labels},
+                }
+            ],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "containers": [
+                {
+                    "name": "sglang",
+                    "image": "lmsysorg/sglang:latest",
+                    # fiar inserts its SGLang option right after the module, before these args.
+                    "command": SGLANG_COMMAND,
+                    "args": SGLANG_ARGS,
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        }
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-", "labels": labels}}
+        core = client.CoreV1Api(api)
+        _wait(
+            lambda: (
+                (
+                    core.create_namespaced_pod(NAMESPACE, {**probe, "spec": pod_spec}, dry_run="All").metadata.labels
+                    or {}
+                ).get("fiar.io/policy")
+                == SGLANG_APP
+            ),
+            30,
+            "the SGLang policy in force",
+        )
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "qwen-moe"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            },
+        }
+        client.AppsV1Api(api).create_namespaced_deployment(NAMESPACE, deployment)
+
+        def running() -> list[Any] | None:
+            pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/name={SGLANG_APP}").items
+            done = len(pods) == replicas and all(p.status.phase == "Running" for p in pods)
+            return pods if done else None
+
+        _wait(running, 90, "SGLang pods Running")
+
+
+def sglang_table(plane: ControlPlane) -> str:
+    """What each SGLang pod got: its node's verdict and the option its command reads."""
+    from kubernetes import client
+
+    with plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/name={SGLANG_APP}").items
+        rows = [("SGLANG POD", "NODE", "MULTICAST", "VERDICT", "SGLANG OPTION", "REASON")]
+        for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
+            flag = (pod.metadata.annotations or {}).get(contract.ANNOTATION_POD_SGLANG_FLAG)
+            labels = nodes.get(pod.spec.node_name, {})
+            decision = json.loads((pod.metadata.annotations or {}).get("fiar.io/decision", "{}"))
+            rows.append(
+                (
+                    pod.metadata.name,
+                    pod.spec.node_name,
+                    labels.get(contract.LABEL_MULTICAST, "-"),
+                    labels.get(contract.LABEL_BACKEND, "-"),
+                    f"--{flag}" if flag else "-",  # what $(FIAR_SGLANG_ARGS) expands to
+                    str(decision.get("reason", "-")),
+                )
+            )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+
+
 def _crd_ready(api: Any) -> bool:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
@@ -242,6 +348,14 @@ def run(plane: ControlPlane) -> None:
     deploy_vllm(plane, len(fixtures))
     print()
     print(table(plane))
+    print()
+    _say("deploying an SGLang policy and Deployment beside them")
+    deploy_sglang(plane, sum(1 for f in fixtures if gpu_count(f) > 1))
+    print()
+    print(sglang_table(plane))
+    print()
+    print("SGLang pods get their own choice of FlashInfer allreduce fusion only where every backend it may pick")
+    print("is verified, else --enforce-disable-flashinfer-allreduce-fusion (docs/sglang.md).")
     print()
     print("The same on any cluster, with why each node got its verdict and what needs attention (kubectl plugin):")
     print(f"  PATH={BIN}:$PATH {build.binary_path('kubectl')} fiar status --kubeconfig {plane.kubeconfig}")
