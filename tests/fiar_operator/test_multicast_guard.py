@@ -24,6 +24,7 @@ from fiar_operator.selectors import ANYWHERE
 from node_agent import hardware
 from node_agent.probe import ProbeConfig, probe
 from tests.fiar_operator.test_fusion_commands import FORMS, mutated, pod, policy
+from tests.fiar_operator.test_sglang import FORMS as SGLANG_FORMS
 
 GUARD = contract.MULTICAST_GUARD
 OFF = {g.env: g.off for g in GUARD}
@@ -295,3 +296,31 @@ def test_paths_left_on_are_counted_and_reported_for_pods_that_read_the_fusion() 
     record = pod_record(stored)
     assert not_turned_off(record) == [releases.MODEL_LEVEL_OPS]
     assert policy_status(policy(), {"n1": labels}, [record], None, NOW)["pods"]["flashinferNotTurnedOff"] == 1
+
+
+# -- SGLang containers -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", sorted(SGLANG_FORMS))
+def test_an_sglang_container_reads_the_guard_but_keeps_its_own_nccl_nvls_setting(form: str) -> None:
+    """SGLang sets NCCL_NVLS_ENABLE=0 itself where it is unset (sglang/srt/entrypoints/engine.py,
+    0.5.23): an injected "" (NCCL's unset, its auto) would turn that off into on."""
+    out, _warnings = mutated(pod(SGLANG_FORMS[form]))
+    container = out["spec"]["containers"][0]
+    names = [e["name"] for e in container["env"]]
+    assert "NCCL_NVLS_ENABLE" not in names
+    assert all(names.count(g.env) == 1 for g in GUARD if g.env != "NCCL_NVLS_ENABLE")
+    for fixture, wanted in (("h100x8-nvswitch-healthy", OWN), ("h100x8-nvswitch-fabric-manager-down", OFF)):
+        _argv, env = container_process(_bound(out, FIXTURE_LABELS[fixture]), container)
+        assert {k: env.get(k) for k in OFF if k != "NCCL_NVLS_ENABLE"} == {
+            k: v for k, v in wanted.items() if k != "NCCL_NVLS_ENABLE"
+        }
+
+
+@pytest.mark.parametrize("flag", ["--enable-nccl-nvls", "--enable-symm-mem"])
+def test_an_sglang_flag_that_forces_nvls_on_is_reported(flag: str) -> None:
+    container = copy.deepcopy(SGLANG_FORMS["sglang-k8s-deployment"])
+    key = "args" if container.get("args") else "command"
+    container[key] = [*container[key], flag]
+    _out, warnings = mutated(pod(container))
+    assert any(flag in w and "multicast guard cannot keep it off" in w for w in warnings)
