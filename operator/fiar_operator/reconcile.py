@@ -105,14 +105,13 @@ def review_pod(
     if same:
         return None
     facts = nodefacts.node_facts(record.node, labels) if labels is not None else None
-    still_verified = (
-        facts is not None
-        and current in decide.verified_for(policy, facts)
-        and not group.multi
-        and _values(record, replace(fresh, backend=current, fusion="on", guard=fresh.guard)) == _values(record)
-    )
-    if still_verified:
-        return None
+    if facts is not None and current in decide.verified_for(policy, facts) and not group.multi:
+        # The pod's backend is still verified: it keeps it (and its fusion); only what else changed on the
+        # node (the multicast guard) is re-annotated.
+        kept = replace(fresh, backend=current, fusion="on", off_by=None, not_turned_off=())
+        if _values(record, kept) == _values(record):
+            return None
+        fresh = kept
     if group.multi and fresh.reason == "MultiNodeNoSharedClique" and facts is not None and nodefacts.joins_group(facts):
         # This pod's own node still verifies mnnvl: the group around it changed.
         broken = broken or "a node its placement admits does not verify mnnvl in the clique of the others"
