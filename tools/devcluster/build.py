@@ -189,15 +189,23 @@ def build_tool(tool: Tool, log: TextLog) -> None:
     log(f"{tool.name} {tool.version()}: built in {time.monotonic() - start:.0f}s")
 
 
+def selected(only: list[str] | None = None, realnode: bool = False) -> list[Tool]:
+    """The tools ``build_all`` builds: those named (all of tiers A-C when none is), the kubelet of tier
+    D only with ``realnode``, and a peer only when named."""
+    return [
+        tool
+        for tool in TOOLS
+        if not ((only and tool.name not in only) or (tool.realnode and not realnode) or (tool.peer and not only))
+    ]
+
+
 def build_all(only: list[str] | None = None, realnode: bool = False) -> dict[str, Path]:
     """Build what the cache lacks: tiers A-C, with ``realnode`` the kubelet of tier D too, and a
     peer (Kyverno) only when ``only`` names it."""
     log = TextLog()
     start = time.monotonic()
     built: dict[str, Path] = {}
-    for tool in TOOLS:
-        if (only and tool.name not in only) or (tool.realnode and not realnode) or (tool.peer and not only):
-            continue
+    for tool in selected(only, realnode):
         build_tool(tool, log)
         if tool.name == "kwok" and not tool.realnode:
             _write_kwok_stages(log)
