@@ -102,9 +102,12 @@ def config_map() -> dict[str, Any]:
     return {"metadata": {"name": "kyverno", "namespace": NAMESPACE}, "data": config_data(values["config"])}
 
 
-def policies(pod_labels: Mapping[str, str], namespaces: Sequence[str]) -> list[dict[str, Any]]:
+def policies(
+    pod_labels: Mapping[str, str], namespaces: Sequence[str], backend: str | None = None
+) -> list[dict[str, Any]]:
     """The two ClusterPolicies of bench/kyverno, picking pods labelled ``pod_labels`` in ``namespaces``
-    at CREATE, and the Bindings of pods in ``namespaces``."""
+    at CREATE, and the Bindings of pods in ``namespaces``; ``backend``, a JMESPath over the node, in
+    place of the binding rule's copy of its label."""
     out: list[dict[str, Any]] = []
     for name in POLICY_FILES:
         policy = yaml.safe_load((POLICY_DIR / name).read_text())
@@ -113,6 +116,9 @@ def policies(pod_labels: Mapping[str, str], namespaces: Sequence[str]) -> list[d
             resources["namespaces"] = list(namespaces)
             if "Pod" in resources["kinds"]:
                 resources["selector"] = {"matchLabels": dict(pod_labels)}
+            for entry in rule.get("context") or []:
+                if backend is not None and "apiCall" in entry:
+                    entry["apiCall"]["jmesPath"] = backend
         out.append(policy)
     return out
 

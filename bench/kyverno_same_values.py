@@ -25,6 +25,13 @@ from devcluster.waiting import wait_for
 from fiar_operator import kube
 
 KYVERNO_NS = "inference-kyverno"
+DECIDED = (
+    "(contains(['mnnvl', 'trtllm'], metadata.labels.\"fiar.io/backend\" || '') && metadata.labels.\"fiar.io/backend\")"
+    " || (metadata.labels.\"fiar.io/trtllm\" == 'pass' && 'trtllm') || 'auto'"
+)
+"""The binding rule's JMESPath that follows fiar's rule for one pod under the demo's policy (every
+backend allowed, fallback auto): the node's verdict where it names a backend, else trtllm where the
+node's trtllm smoke test passed, else auto. The sample's reading copies the label, ``none`` included."""
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{}/deployments"
 
 
@@ -105,21 +112,28 @@ def main() -> None:
             body={"metadata": {"name": KYVERNO_NS, "labels": {contract.NAMESPACE_IGNORE_LABEL: "true"}}},
         )
         kyverno_peer.install(client)
-        docs = kyverno_peer.policies({"app.kubernetes.io/name": "vllm"}, [KYVERNO_NS])
-        peer = kyverno_peer.start(client, plane.kubeconfig, workdir, docs)
-        client.call("POST", DEPLOYMENTS.format(KYVERNO_NS), body=demo.vllm_deployment(len(fixtures)))
-        wait_for(lambda: running(client, KYVERNO_NS, len(fixtures)), 120, "Kyverno's demo pods Running")
-        kyverno_values = pod_values(client, KYVERNO_NS)
-        print(json.dumps({"nodes": nodes, "fiar": fiar_values, "kyverno": kyverno_values}, sort_keys=True))
-        print()
-        print(table(nodes, fiar_values, kyverno_values))
-        same = sum(
-            fiar_values.get(n) is not None
-            and (fiar_values[n]["backend"], fiar_values[n]["env"])
-            == (kyverno_values.get(n, {}).get("backend"), kyverno_values.get(n, {}).get("env"))
-            for n in names
-        )
-        print(f"\nsame values on {same} of {len(names)} nodes")
+        readings: dict[str, dict[str, dict[str, str]]] = {}
+        for reading, backend in (("sample", None), ("decided", DECIDED)):
+            docs = kyverno_peer.policies({"app.kubernetes.io/name": "vllm"}, [KYVERNO_NS], backend)
+            peer = kyverno_peer.start(client, plane.kubeconfig, workdir, docs)
+            client.call("POST", DEPLOYMENTS.format(KYVERNO_NS), body=demo.vllm_deployment(len(fixtures)))
+            wait_for(lambda: running(client, KYVERNO_NS, len(fixtures)), 120, "Kyverno's demo pods Running")
+            readings[reading] = pod_values(client, KYVERNO_NS)
+            client.call("DELETE", f"{DEPLOYMENTS.format(KYVERNO_NS)}/llama")
+            wait_for(lambda: running(client, KYVERNO_NS, 0), 120, "Kyverno's demo pods gone")
+            peer.stop()
+            peer = None
+            kyverno_peer.remove_webhooks(client)
+        print(json.dumps({"nodes": nodes, "fiar": fiar_values, **readings}, sort_keys=True))
+        for reading, values in readings.items():
+            print(f"\nKyverno, binding rule {reading}:\n")
+            print(table(nodes, fiar_values, values))
+            same = sum(
+                (fiar_values.get(n, {}).get("backend"), fiar_values.get(n, {}).get("env"))
+                == (values.get(n, {}).get("backend"), values.get(n, {}).get("env"))
+                for n in names
+            )
+            print(f"\nsame values on {same} of {len(names)} nodes")
     finally:
         if peer is not None:
             peer.stop()
