@@ -202,6 +202,9 @@ class KyvernoProcess(OperatorProcess):
             "--metricsHost=127.0.0.1",
             f"--metricsPort={self.metrics_port}",
             "--controllerRuntimeMetricsAddress=0",
+            # fiar's webhook timeout. A policy's webhookTimeoutSeconds can only raise the webhook's
+            # timeout above this flag (default 10 s): Kyverno takes the largest.
+            "--webhookTimeout=1",
             # No reports controller runs here to consume admission reports.
             "--admissionReports=false",
             "--autoMemLimitEnabled=false",
