@@ -113,6 +113,9 @@ class StatusWriter:
         self._failures: dict[str, int] = {}
         self._written: dict[str, float] = {}
         """Policy -> when its status was last written."""
+        self._node_counts: dict[str, tuple[Policy, int, dict[str, int]]] = {}
+        """Policy -> (the policy, ``Store.node_changes``, its node counts then): one pass over every
+        node per node change, not per write (a write is due every interval while pods change)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="status-writer", daemon=True)
@@ -154,6 +157,7 @@ class StatusWriter:
         everything = set(self.store.policy_objects) if nodes else set()
         if len(self._written) > 2 * len(self.store.policy_objects) + 100:  # forget deleted policies
             self._written = {n: t for n, t in self._written.items() if n in self.store.policy_objects}
+            self._node_counts = {n: c for n, c in self._node_counts.items() if n in self.store.policy_objects}
         written = 0
         for name in sorted(names | due | everything):
             deferrable = name not in names
@@ -188,8 +192,15 @@ class StatusWriter:
         policy = self.store.policies.get(name)
         now = self.clock()
         if policy is not None:
+            changes = self.store.node_changes  # read first: a node changed meanwhile counts again next time
+            cached = self._node_counts.get(name)
+            if cached is not None and cached[0] == policy and cached[1] == changes:
+                counts = cached[2]
+            else:
+                counts = reconcile.node_counts(policy, dict(self.store.nodes))
+                self._node_counts[name] = (policy, changes, counts)
             status = reconcile.policy_status(
-                policy, dict(self.store.nodes), self.store.pods_of_policy(name), previous, now, self.unconfigured(name)
+                policy, {}, self.store.pods_of_policy(name), previous, now, self.unconfigured(name), counts
             )
         else:
             generation = int((obj.get("metadata") or {}).get("generation") or 0)

@@ -107,6 +107,8 @@ class Store:
         self._clock = clock
         self.nodes: dict[str, dict[str, str]] = {}
         self._node_versions: dict[str, str] = {}
+        self.node_changes = 0
+        """Grows with every change to the nodes' labels: what a figure over all nodes is keyed by."""
         self.namespaces: dict[str, dict[str, str]] = {}
         self._namespace_versions: dict[str, str] = {}
         self.policies: dict[str, policies.Policy] = {}
@@ -128,12 +130,16 @@ class Store:
         with self._lock:
             if not _newer(version, self._node_versions.get(name, "")):
                 return
-            self.nodes[name] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            if self.nodes.get(name) != labels:  # a status heartbeat changes no label
+                self.node_changes += 1
+            self.nodes[name] = labels
             self._node_versions[name] = version
 
     def delete_node(self, name: str) -> None:
         with self._lock:
-            self.nodes.pop(name, None)
+            if self.nodes.pop(name, None) is not None:
+                self.node_changes += 1
             self._node_versions.pop(name, None)
 
     # -- namespaces ------------------------------------------------------------------------------
@@ -234,6 +240,7 @@ class Store:
         with self._lock:
             if kind == "nodes":
                 self.nodes, self._node_versions = fresh.nodes, fresh._node_versions
+                self.node_changes += 1
             elif kind == "namespaces":
                 self.namespaces, self._namespace_versions = fresh.namespaces, fresh._namespace_versions
             elif kind == "policies":

@@ -9,7 +9,8 @@ import fiar_contract as contract
 from fiar_operator.decide import Decision
 from fiar_operator.pods import PodRecord, pod_record
 from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.reconcile import is_stale, multi_node_warning, policy_status, review_pod
+from fiar_operator.reconcile import is_stale, multi_node_warning, node_counts, policy_status, review_pod
+from fiar_operator.store import Store
 
 NOW = "2026-05-01T12:00:00Z"
 
@@ -257,3 +258,30 @@ def test_no_verified_nodes_condition_and_transition_times() -> None:
     flipped = policy_status(policy(backends=["mnnvl"]), {"t": verdict("mnnvl")}, [], first, "2026-05-03T00:00:00Z")
     cond = {c["type"]: c for c in flipped["conditions"]}["NoVerifiedNodes"]
     assert cond["status"] == "False" and cond["lastTransitionTime"] == "2026-05-03T00:00:00Z"
+
+
+def test_a_status_from_node_counts_kept_aside_is_the_status_counted_afresh() -> None:
+    nodes = {"m": verdict("mnnvl"), "t": verdict("trtllm"), "n": verdict("none"), "cpu": {}}
+    pods = [bound("m", "mnnvl", at_binding("m", "mnnvl", "mnnvl"), name="1")]
+    kept = node_counts(policy(), nodes)
+    assert policy_status(policy(), {}, pods, None, NOW, counts=kept) == policy_status(policy(), nodes, pods, None, NOW)
+    kept["verified"] = 99  # the status holds its own copy
+    assert policy_status(policy(), {}, pods, None, NOW, counts=kept)["nodes"]["verified"] == 99
+    assert node_counts(policy(), nodes)["verified"] == 2
+
+
+def test_the_node_index_counts_each_change_of_labels_and_no_heartbeat_or_stale_event() -> None:
+    store = Store()
+    body = {"metadata": {"name": "gpu-0", "resourceVersion": "5", "labels": verdict("mnnvl")}}
+    store.put_node(body)
+    assert store.node_changes == 1
+    store.put_node({**body, "metadata": {**body["metadata"], "resourceVersion": "7"}})  # a status heartbeat
+    store.put_node({**body, "metadata": {**body["metadata"], "resourceVersion": "4", "labels": {}}})  # stale
+    assert store.node_changes == 1
+    store.put_node({**body, "metadata": {**body["metadata"], "resourceVersion": "8", "labels": verdict("none")}})
+    assert store.node_changes == 2
+    store.delete_node("gpu-0")
+    store.delete_node("gpu-0")
+    assert store.node_changes == 3
+    store.replace_all("nodes", [body])
+    assert store.node_changes > 3 and store.nodes == {"gpu-0": verdict("mnnvl")}

@@ -1,6 +1,6 @@
 """Build the local control-plane binaries from the pinned Go modules in tools/controlplane.
 
-Each wrapper module (k8s, etcd, kwok, helm) pins its tool through go.mod + go.sum. Binaries go to
+Each wrapper module (k8s, etcd, kwok, helm, kyverno) pins its tool through go.mod + go.sum. Binaries go to
 a cache folder outside git, keyed by tool and version: ``<cache>/<tool>-<version>/<binary>``.
 A binary that already exists is never rebuilt.
 """
@@ -32,6 +32,7 @@ class Tool:
     packages: tuple[str, ...]  # main packages to build
     binaries: tuple[str, ...]  # resulting binary names
     realnode: bool = False  # needed only by tier D
+    peer: bool = False  # a peer the benchmarks compare with: built only when named
 
     def version(self) -> str:
         gomod = (MODULES_DIR / self.name / "go.mod").read_text()
@@ -58,6 +59,8 @@ TOOLS = (
     Tool("etcd", "go.etcd.io/etcd/server/v3", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
     Tool("kwok", "sigs.k8s.io/kwok", ("sigs.k8s.io/kwok/cmd/kwok",), ("kwok",)),
     Tool("helm", "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",), ("helm",)),
+    # Kyverno's admission controller, for bench/kyverno_compare.py: ``python -m devcluster build kyverno``.
+    Tool("kyverno", "github.com/kyverno/kyverno", ("github.com/kyverno/kyverno/cmd/kyverno",), ("kyverno",), peer=True),
 )
 
 
@@ -98,6 +101,8 @@ def _ldflags(tool: Tool) -> str:
             ]
     elif tool.name == "helm":
         flags.append(f"-X helm.sh/helm/v3/internal/version.version={version}")
+    elif tool.name == "kyverno":
+        flags.append(f"-X github.com/kyverno/kyverno/pkg/version.BuildVersion={version}")
     return " ".join(flags)
 
 
@@ -184,14 +189,23 @@ def build_tool(tool: Tool, log: TextLog) -> None:
     log(f"{tool.name} {tool.version()}: built in {time.monotonic() - start:.0f}s")
 
 
+def selected(only: list[str] | None = None, realnode: bool = False) -> list[Tool]:
+    """The tools ``build_all`` builds: those named (all of tiers A-C when none is), the kubelet of tier
+    D only with ``realnode``, and a peer only when named."""
+    return [
+        tool
+        for tool in TOOLS
+        if not ((only and tool.name not in only) or (tool.realnode and not realnode) or (tool.peer and not only))
+    ]
+
+
 def build_all(only: list[str] | None = None, realnode: bool = False) -> dict[str, Path]:
-    """Build what the cache lacks: tiers A-C, and with ``realnode`` the kubelet of tier D too."""
+    """Build what the cache lacks: tiers A-C, with ``realnode`` the kubelet of tier D too, and a
+    peer (Kyverno) only when ``only`` names it."""
     log = TextLog()
     start = time.monotonic()
     built: dict[str, Path] = {}
-    for tool in TOOLS:
-        if (only and tool.name not in only) or (tool.realnode and not realnode):
-            continue
+    for tool in selected(only, realnode):
         build_tool(tool, log)
         if tool.name == "kwok" and not tool.realnode:
             _write_kwok_stages(log)

@@ -109,6 +109,42 @@ def start_operator(plane: ControlPlane) -> None:
     _say(f"operator ready: webhooks on https://127.0.0.1:{webhook_port}, metrics on :{metrics_port}")
 
 
+def vllm_deployment(replicas: int) -> dict[str, Any]:
+    """The demo's Deployment of vLLM-like pods, one per GPU node (spread by hostname)."""
+    pod_spec = {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
+            }
+        ],
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "containers": [
+            {
+                "name": "vllm",
+                "image": "vllm/vllm-openai:latest",
+                # The image's entrypoint is `vllm serve`: fiar appends the fusion flag to these args.
+                "args": ["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }
+        ],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llama"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
+            "template": {"metadata": {"labels": {"app.kubernetes.io/name": "vllm"}}, "spec": pod_spec},
+        },
+    }
+    return deployment
+
+
 def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
     from kubernetes import client
 
@@ -131,37 +167,8 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
             },
         )
         plane.create_namespace(NAMESPACE)
-        pod_spec = {
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "topologySpreadConstraints": [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "DoNotSchedule",
-                    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-                }
-            ],
-            "nodeSelector": {"nvidia.com/gpu.present": "true"},
-            "containers": [
-                {
-                    "name": "vllm",
-                    "image": "vllm/vllm-openai:latest",
-                    # The image's entrypoint is `vllm serve`: fiar appends the fusion flag to these args.
-                    "args": ["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
-        }
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "llama"},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-                "template": {"metadata": {"labels": {"app.kubernetes.io/name": "vllm"}}, "spec": pod_spec},
-            },
-        }
+        deployment = vllm_deployment(replicas)
+        pod_spec = deployment["spec"]["template"]["spec"]
         # The API server may take a moment to call a newly registered webhook: wait until a dry run
         # shows the policy's label, so that no pod of the demo is created unmanaged.
         probe = {
