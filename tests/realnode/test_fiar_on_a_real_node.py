@@ -466,6 +466,52 @@ def test_the_vllm_process_starts_with_the_backend_fiar_decided_for_each_verdict_
     assert "" not in on_bridge["argv"]
 
 
+def _sglang_on_real_node(rel: Release, name: str) -> None:
+    """An SGLang stand-in (`sglang serve`, exec form) the scheduler binds to the real node."""
+    body = _standin_pod(name)
+    body["spec"]["containers"][0].update(
+        image=rel.node.images["vllm-standin"].ref,
+        command=["sglang"],
+        args=["serve", "/models/stand-in", "--tp", "2", "--log-level", "warning"],
+    )
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": rel.node.name}
+    with rel.api() as api:
+        client.CoreV1Api(api).create_namespaced_pod(rel.workloads, body)
+    rel.created.append((rel.workloads, name))
+
+
+def _sglang_flag(rel: Release, name: str) -> str | None:
+    with rel.api() as api:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, rel.workloads)
+    value: str | None = (pod.metadata.annotations or {}).get(contract.ANNOTATION_POD_SGLANG_FLAG)
+    return value
+
+
+def test_the_sglang_process_starts_with_the_option_its_node_allows(release: Release) -> None:
+    # trtllm verified, multicast forbidden by the host: SGLang's own auto could pick mnnvl (SM100), so off.
+    _set_verdict(release, "trtllm", "pass", "forbidden")
+    _sglang_on_real_node(release, "sglang-trtllm")
+    first = _printed(release, "sglang-trtllm")
+    off = "--" + contract.SGLANG_FLAGS["off"]
+    assert first["argv"][1:3] == ["serve", "/models/stand-in"] and off in first["argv"], first["argv"]
+    assert first["argv"][-4:] == ["--tp", "2", "--log-level", "warning"], "the user's options, after fiar's"
+    assert "" not in first["argv"]
+    assert "NCCL_NVLS_ENABLE" not in first["env"], "SGLang sets it to 0 itself"
+    assert first["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and first["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
+
+    # Every backend SGLang can pick verified: its own choice (the option that restates a default, which
+    # the user's own --log-level after it overrides).
+    _set_verdict(release, "mnnvl", "pass", "verified")
+    own = contract.SGLANG_FLAGS["engine"]
+    wait_for(lambda: _sglang_flag(release, "sglang-trtllm") == own, 60, "sglang-trtllm re-annotated")
+    _sglang_on_real_node(release, "sglang-mnnvl")
+    second = _printed(release, "sglang-mnnvl")
+    assert "--" + own in second["argv"] and off not in second["argv"], second["argv"]
+    assert second["argv"][-2:] == ["--log-level", "warning"]
+    assert second["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "0" and second["env"]["NVSHMEM_DISABLE_NVLS"] == "0"
+    _set_verdict(release, "none", "pass", "broken")
+
+
 EVAL_SCRIPT = 'eval "exec vllm serve /models/stand-in --tensor-parallel-size 2 ${VLLM_ADDITIONAL_ARGS} $@"'
 HOSTILE = "false $(echo --injected-uid-$(id -u)) --trust-remote-code"
 

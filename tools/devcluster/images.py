@@ -3,7 +3,7 @@
     base          Debian bookworm with python3 and venv (mmdebstrap), imported into buildah
     operator      the Dockerfile's ``operator`` target, FROM that base (build arg PYTHON_BASE)
     agent-sim     the Dockerfile's ``agent-sim`` target (the agent on simulated hosts, no CUDA)
-    vllm-standin  the base plus ``standin/vllm``: prints its argv and environment, then waits
+    vllm-standin  the base plus ``standin/vllm`` and ``standin/sglang``: each prints its argv and env, then waits
     pause         ``pause/main.go`` built static: the sandbox image of every pod
 
 Each image is an uncompressed OCI archive in ``<cache>/images``, named after a hash of everything it
@@ -248,7 +248,9 @@ class Builder:
     def standin(self, image: Image) -> None:
         container = self.buildah("from", "--pull=never", self.base()).strip()
         try:
-            self.buildah("copy", "--chmod", "0755", container, str(HERE / "standin" / "vllm"), "/usr/local/bin/vllm")
+            for program in ("vllm", "sglang"):
+                source = str(HERE / "standin" / program)
+                self.buildah("copy", "--chmod", "0755", container, source, f"/usr/local/bin/{program}")
             self.buildah("config", "--entrypoint", '["vllm"]', "--cmd", "serve", "--user", "65532:65532", container)
             self.buildah("commit", "--quiet", container, image.ref)
         finally:
