@@ -369,22 +369,7 @@ def model_folders(root: Path) -> dict[str, str]:
 
 
 def check(venv: Path, found: list[dict[str, Any]]) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLLM_"))}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", CHECKER],
-        input=json.dumps(found),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"checker failed in {venv}:\n{proc.stderr[-4000:]}")
-    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return doc
+    return vllm_parser_check.run_in_venv(venv, ["-c", CHECKER], found, ("SGLANG_", "VLLM_"), 1800, HF_HUB_OFFLINE="1")
 
 
 def verdicts(found: list[dict[str, Any]], doc: dict[str, Any]) -> list[dict[str, Any]]:

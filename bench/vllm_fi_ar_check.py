@@ -366,21 +366,18 @@ def prepare(version: str) -> tuple[Path, str, str | None]:
 
 
 def check(venv: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env.update(CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu", VLLM_CONFIGURE_LOGGING="0", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(Path(__file__).resolve()), "--worker"],
-        input=json.dumps({"envs": ENV_VALUES, "cases": list(CASES)}),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        check=False,
+    import vllm_parser_check as parser_check
+
+    return parser_check.run_in_venv(
+        venv,
+        [str(Path(__file__).resolve()), "--worker"],
+        {"envs": ENV_VALUES, "cases": list(CASES)},
+        ("VLLM_",),
+        900,
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CONFIGURE_LOGGING="0",
+        PYTHONWARNINGS="ignore",
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker failed in {venv}:\n{proc.stderr[-4000:]}")
-    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return doc
 
 
 def print_table(version: str, doc: dict[str, Any]) -> None:

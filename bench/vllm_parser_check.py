@@ -335,25 +335,32 @@ def prepare(version: str) -> Path:
     return venv
 
 
-def check(venv: Path, found: list[dict[str, Any]]) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    # No GPU here: vLLM's config classes need a platform to build the parser, so take its CPU platform.
-    # Argument parsing, the dotted -cc merge and CompilationConfig do not depend on it.
-    env["VLLM_TARGET_DEVICE"] = "cpu"
+def run_in_venv(
+    venv: Path, args: list[str], payload: Any, drop: tuple[str, ...], timeout: float, **env: str
+) -> dict[str, Any]:
+    """Run ``python args`` in ``venv`` with ``payload`` as JSON on stdin, no GPU, none of the variables
+    that start with ``drop``, and ``env`` added; its last line of stdout, read as JSON."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    full.update(CUDA_VISIBLE_DEVICES="", **env)
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", CHECKER],
-        input=json.dumps(found),
+        [str(venv / "bin" / "python"), *args],
+        input=json.dumps(payload),
         capture_output=True,
         text=True,
-        env=env,
-        timeout=900,
+        env=full,
+        timeout=timeout,
         check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"checker failed in {venv}:\n{proc.stderr[-4000:]}")
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return doc
+
+
+def check(venv: Path, found: list[dict[str, Any]]) -> dict[str, Any]:
+    # No GPU here: vLLM's config classes need a platform to build the parser, so take its CPU platform.
+    # Argument parsing, the dotted -cc merge and CompilationConfig do not depend on it.
+    return run_in_venv(venv, ["-c", CHECKER], found, ("VLLM_",), 900, VLLM_TARGET_DEVICE="cpu")
 
 
 def verdicts(found: list[dict[str, Any]], doc: dict[str, Any]) -> list[tuple[str, str, bool, str]]:
