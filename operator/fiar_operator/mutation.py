@@ -161,14 +161,15 @@ def _fusion_env(env: list[Any], plan: commands.CommandPlan, respect: bool) -> li
     return out
 
 
-def _fusion_ops(policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]) -> list[patches.Op]:
-    """Ops that make a container's command read the fusion decision.
+def _fusion_ops(
+    policy: Policy, index: int, container: Mapping[str, Any], plan: commands.CommandPlan, warnings: list[str]
+) -> list[patches.Op]:
+    """Ops that make a container's command read the fusion decision (``plan``: how ``commands`` reads it).
 
     A command with fiar's placeholder always gets the variables it refers to; other commands are
     changed only under ``fusionControl: Enabled``, and only when ``commands`` understands them.
     """
     name = str(container.get("name", ""))
-    plan = commands.plan_command(container, policy.respect_explicit_fusion)
     if plan.form != "placeholder":
         if policy.fusion_control == "Disabled":
             return []
@@ -232,11 +233,12 @@ def _guard_env(
     return out
 
 
-def _guard_ops(policy: Policy, index: int, container: Mapping[str, Any], warnings: list[str]) -> list[patches.Op]:
-    """Ops that make a container read the multicast guard from the pod's annotations."""
+def _guard_ops(
+    policy: Policy, index: int, container: Mapping[str, Any], engine: commands.Engine, warnings: list[str]
+) -> list[patches.Op]:
+    """Ops that make a container (of ``engine``) read the multicast guard from the pod's annotations."""
     env = container.get("env") or []
     name = str(container.get("name", ""))
-    engine = commands.ENGINE[commands.plan_command(container).engine]
     words = [str(w) for key in ("command", "args") for w in (container.get(key) or []) if isinstance(w, str)]
     forced = [f for f in engine.forces_multicast if any(w == f or w.startswith(f + "=") for w in words)]
     if forced:
@@ -298,13 +300,16 @@ def plan_pod_create(
         selected += 1
         work = patches.applied(work, container_ops)
         if policy.mode == "Enforce":
-            fusion_ops = _fusion_ops(policy, index, work["spec"]["containers"][index], warnings)
+            selected_container = work["spec"]["containers"][index]
+            plan = commands.plan_command(selected_container, policy.respect_explicit_fusion)
+            fusion_ops = _fusion_ops(policy, index, selected_container, plan, warnings)
             work = patches.applied(work, fusion_ops)
             container_ops = patches.superseded(container_ops, fusion_ops) + fusion_ops
-        if policy.mode == "Enforce" and policy.multicast_guard == "Enabled":
-            guard_ops = _guard_ops(policy, index, work["spec"]["containers"][index], warnings)
-            work = patches.applied(work, guard_ops)
-            container_ops = patches.superseded(container_ops, guard_ops) + guard_ops
+            if policy.multicast_guard == "Enabled":
+                engine = commands.ENGINE[plan.engine]
+                guard_ops = _guard_ops(policy, index, work["spec"]["containers"][index], engine, warnings)
+                work = patches.applied(work, guard_ops)
+                container_ops = patches.superseded(container_ops, guard_ops) + guard_ops
         ops += container_ops
     if not selected:
         warnings.append(f"policy {policy.name} matches this pod but selects none of its containers")
