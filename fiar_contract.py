@@ -101,7 +101,7 @@ ENV_VLLM_ARGS: Final = "FIAR_VLLM_ARGS"
 a shell-string command puts after ``vllm serve``."""
 ANNOTATION_POD_SGLANG_FLAG: Final = "fiar.io/sglang-flag"
 """One SGLang option, written without its leading ``--`` (one of SGLANG_FLAGS): what an SGLang container's
-command reads through ``--$(FIAR_SGLANG_FLAG)`` (operator/fiar_operator/sglang.py)."""
+command reads through ``--$(FIAR_SGLANG_FLAG)`` (operator/fiar_operator/core/sglang.py)."""
 ENV_SGLANG_FLAG: Final = "FIAR_SGLANG_FLAG"
 """Injected variable holding ANNOTATION_POD_SGLANG_FLAG."""
 ENV_SGLANG_ARGS: Final = "FIAR_SGLANG_ARGS"

@@ -38,8 +38,9 @@ import fiar_contract as contract
 from devcluster import build
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube
-from fiar_operator.errors import Conflict
+from fiar_operator import crd
+from fiar_operator.core.errors import Conflict
+from fiar_operator.state import kube
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "node_agent" / "fixtures").glob("*.json"))

@@ -33,8 +33,8 @@ from operator_process import OperatorProcess
 from devcluster import build
 from devcluster.cluster import free_port
 from devcluster.waiting import wait_for
-from fiar_operator import kube
-from fiar_operator.errors import Conflict, NotFound
+from fiar_operator.core.errors import Conflict, NotFound
+from fiar_operator.state import kube
 
 NAMESPACE = "kyverno"
 POLICY_DIR = Path(__file__).with_name("kyverno")

@@ -22,7 +22,7 @@ import fiar_contract as contract
 from devcluster import demo
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import kube
+from fiar_operator.state import kube
 
 KYVERNO_NS = "inference-kyverno"
 DECIDED = (

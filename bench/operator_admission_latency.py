@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.admission import Admission, parse_review
-from fiar_operator.metrics import Metrics
-from fiar_operator.store import Store
+from fiar_operator.admission.review import Admission, parse_review
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.state.store import Store
 
 VERDICTS = ("mnnvl", "trtllm", "none")
 
@@ -134,8 +134,8 @@ def https(admission: Admission, store: Store, cases: dict[str, bytes], rounds: i
     from pathlib import Path
 
     from devcluster import pki  # the test harness's tiny CA
-    from fiar_operator.server import Server
-    from fiar_operator.settings import Settings
+    from fiar_operator.admission.server import Server
+    from fiar_operator.core.settings import Settings
 
     ca = pki.CertificateAuthority()
     workdir = Path(tempfile.mkdtemp())

@@ -80,8 +80,12 @@ from operator_process import NoopWebhookProcess, OperatorProcess, buckets, quant
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube, mutation, patches, policy, webhookconfig
-from fiar_operator.decide import decide
+from fiar_operator import crd
+from fiar_operator.admission import mutation
+from fiar_operator.core import patches, policy
+from fiar_operator.core.decide import decide
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state import kube
 
 CONFIG = "fiar-bench"
 NOOPS = ("noop", "patch", "label")

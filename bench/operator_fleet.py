@@ -38,11 +38,12 @@ from operator_process import OperatorProcess
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube
-from fiar_operator.decide import decide
-from fiar_operator.errors import Conflict
-from fiar_operator.pods import FIELD_PATH
-from fiar_operator.policy import parse_policy
+from fiar_operator import crd
+from fiar_operator.core.decide import decide
+from fiar_operator.core.errors import Conflict
+from fiar_operator.core.pods import FIELD_PATH
+from fiar_operator.core.policy import parse_policy
+from fiar_operator.state import kube
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = 20

@@ -44,11 +44,11 @@ def serve(workdir: Path) -> None:
     import logging
 
     from devcluster import pki
-    from fiar_operator.admission import Admission
-    from fiar_operator.metrics import Metrics
-    from fiar_operator.server import Server
-    from fiar_operator.settings import Settings
-    from fiar_operator.store import Store
+    from fiar_operator.admission.review import Admission
+    from fiar_operator.admission.server import Server
+    from fiar_operator.core.metrics import Metrics
+    from fiar_operator.core.settings import Settings
+    from fiar_operator.state.store import Store
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))  # a container's usual limit
     logging.basicConfig(filename=workdir / "server.log", level=logging.INFO, format="%(levelname)s %(message)s")
@@ -341,9 +341,9 @@ def attacks(target: Target, quick: bool) -> None:
 
 # -- reconciler costs (in process) ----------------------------------------------------------------------
 def reconciler(quick: bool) -> None:
+    from fiar_operator.reconcile.unconfigured import Unconfigured
     from fiar_operator.runtime import NODE_COUNTS_REFRESH, StatusWriter
-    from fiar_operator.store import Store
-    from fiar_operator.unconfigured import Unconfigured
+    from fiar_operator.state.store import Store
 
     pods, policies = (2_000, 100) if quick else (20_000, 1_000)
     store = Store()

@@ -28,8 +28,8 @@ import tracemalloc
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator import kube
-from fiar_operator.store import Store
+from fiar_operator.state import kube
+from fiar_operator.state.store import Store
 
 PAGE = 500
 

@@ -51,11 +51,11 @@ def serve(workdir: Path, root: Path) -> None:
 
     import fiar_operator
     from devcluster import pki
-    from fiar_operator.admission import Admission
-    from fiar_operator.metrics import Metrics
-    from fiar_operator.server import Server
-    from fiar_operator.settings import Settings
-    from fiar_operator.store import Store
+    from fiar_operator.admission.review import Admission
+    from fiar_operator.admission.server import Server
+    from fiar_operator.core.metrics import Metrics
+    from fiar_operator.core.settings import Settings
+    from fiar_operator.state.store import Store
 
     assert Path(fiar_operator.__file__).is_relative_to(root), fiar_operator.__file__
     logging.basicConfig(filename=workdir / "server.log", level=logging.INFO, format="%(levelname)s %(message)s")

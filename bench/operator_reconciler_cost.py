@@ -21,9 +21,9 @@ from kubernetes import client
 from operator_admission_latency import timed  # the same timing loop as the admission benchmark
 
 import fiar_contract as contract
-from fiar_operator.kube import Kube
+from fiar_operator.core.settings import Settings
 from fiar_operator.runtime import Runtime
-from fiar_operator.settings import Settings
+from fiar_operator.state.kube import Kube
 
 
 def pod(i: int, policies: int, namespaces: int, labelled: bool, app: str | None = None) -> dict[str, Any]:

@@ -26,10 +26,10 @@ PODS, NODES = 20_000, 10_000
 
 def measure() -> dict[str, Any]:
     import fiar_contract as contract
-    from fiar_operator import kube
-    from fiar_operator.changes import change_of
+    from fiar_operator.core.settings import Settings
     from fiar_operator.runtime import Runtime
-    from fiar_operator.settings import Settings
+    from fiar_operator.state import kube
+    from fiar_operator.state.changes import change_of
 
     pods: dict[tuple[str, str], dict[str, Any]] = {}
 

@@ -45,12 +45,12 @@ from typing import Any
 import vllm_parser_check
 
 import fiar_contract as contract
-from fiar_operator import decide, patches
-from fiar_operator.commands import container_process
-from fiar_operator.decide import GroupPlan
-from fiar_operator.mutation import plan_pod_create
-from fiar_operator.policy import parse_policy
-from fiar_operator.selectors import node_constraint
+from fiar_operator.admission.mutation import plan_pod_create
+from fiar_operator.core import decide, patches
+from fiar_operator.core.commands import container_process
+from fiar_operator.core.decide import GroupPlan
+from fiar_operator.core.policy import parse_policy
+from fiar_operator.core.selectors import node_constraint
 
 VERSIONS = ("0.5.20", "0.5.23")
 CACHE = Path(os.environ.get("FIAR_SGLANG_CHECK_DIR", Path.home() / ".cache" / "fiar" / "sglang-check"))

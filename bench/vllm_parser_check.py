@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator import decide, patches
-from fiar_operator.commands import container_process
-from fiar_operator.mutation import plan_pod_create
-from fiar_operator.policy import parse_policy
+from fiar_operator.admission.mutation import plan_pod_create
+from fiar_operator.core import decide, patches
+from fiar_operator.core.commands import container_process
+from fiar_operator.core.policy import parse_policy
 
 VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0")
 BASE_VERSION = "0.33.0"

@@ -22,9 +22,12 @@ from typing import Any, cast
 
 import yaml
 
-from fiar_operator import __version__, crd, kube, liveness, webhookconfig
-from fiar_operator.errors import ApiError, OperatorError
-from fiar_operator.settings import Settings, excluded_namespaces
+from fiar_operator import __version__, crd
+from fiar_operator.core import liveness
+from fiar_operator.core.errors import ApiError, OperatorError
+from fiar_operator.core.settings import Settings, excluded_namespaces
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state import kube
 
 
 def _default(name: str) -> Any:

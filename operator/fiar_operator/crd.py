@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import yaml
 
-from fiar_operator import kube
-from fiar_operator.errors import ApiError, ConfigurationError, Forbidden, NotFound
+from fiar_operator.core.errors import ApiError, ConfigurationError, Forbidden, NotFound
+from fiar_operator.state import kube
 
 FILE: Final = "fiallreducepolicies.yaml"
 FIELD_MANAGER: Final = "fiar-operator"

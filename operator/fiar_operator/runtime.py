@@ -17,23 +17,25 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_kube import backoff_delay
-from fiar_operator import events as posting
-from fiar_operator import informers, liveness, reconcile
-from fiar_operator.admission import Admission, utc_now
-from fiar_operator.changes import Change, Changes, change_of
-from fiar_operator.errors import ApiError, Conflict, NotFound
-from fiar_operator.events import Event, pod_ref
-from fiar_operator.kube import Kube, configuration
-from fiar_operator.leadership import Leadership
-from fiar_operator.liveness import Heartbeats
-from fiar_operator.metrics import Metrics
-from fiar_operator.pods import PodRecord, group_plan
-from fiar_operator.policy import Policy
-from fiar_operator.server import READY_KINDS, Server
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
-from fiar_operator.unconfigured import Unconfigured
-from fiar_operator.webhooksync import WebhookSync
+from fiar_operator.admission.review import Admission, utc_now
+from fiar_operator.admission.server import READY_KINDS, Server
+from fiar_operator.core import liveness
+from fiar_operator.core.errors import ApiError, Conflict, NotFound
+from fiar_operator.core.liveness import Heartbeats
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.pods import PodRecord, group_plan
+from fiar_operator.core.policy import Policy
+from fiar_operator.core.settings import Settings
+from fiar_operator.reconcile import events as posting
+from fiar_operator.reconcile import rules as reconcile
+from fiar_operator.reconcile.events import Event, pod_ref
+from fiar_operator.reconcile.leadership import Leadership
+from fiar_operator.reconcile.unconfigured import Unconfigured
+from fiar_operator.reconcile.webhooksync import WebhookSync
+from fiar_operator.state import informers
+from fiar_operator.state.changes import Change, Changes, change_of
+from fiar_operator.state.kube import Kube, configuration
+from fiar_operator.state.store import Store
 
 log = logging.getLogger(__name__)
 

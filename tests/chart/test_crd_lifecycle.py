@@ -20,8 +20,9 @@ import fiar_contract as contract
 from devcluster.binaries import helm
 from devcluster.cluster import Component, ControlPlane, Tier, free_port
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube
-from fiar_operator.errors import ApiError, ConfigurationError
+from fiar_operator import crd
+from fiar_operator.core.errors import ApiError, ConfigurationError
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

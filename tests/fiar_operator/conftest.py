@@ -27,13 +27,15 @@ import pytest
 from devcluster import pki
 from devcluster.cluster import ControlPlane, free_port
 from devcluster.waiting import wait_for
-from fiar_operator import crd, kube, webhookconfig
-from fiar_operator.admission import Admission, Need, Review
-from fiar_operator.errors import ApiError
-from fiar_operator.metrics import Metrics
-from fiar_operator.server import Bounds, Server
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
+from fiar_operator import crd
+from fiar_operator.admission.review import Admission, Need, Review
+from fiar_operator.admission.server import Bounds, Server
+from fiar_operator.core.errors import ApiError
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.settings import Settings
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state import kube
+from fiar_operator.state.store import Store
 
 SESSION_LABEL = "fiar-operator-test"
 

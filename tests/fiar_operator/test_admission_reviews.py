@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import patches
-from fiar_operator.admission import Admission, Need, parse_review
-from fiar_operator.errors import ReviewError
-from fiar_operator.metrics import Metrics
-from fiar_operator.store import Store
+from fiar_operator.admission.review import Admission, Need, parse_review
+from fiar_operator.core import patches
+from fiar_operator.core.errors import ReviewError
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.state.store import Store
 
 POLICY = {
     "metadata": {"name": "vllm", "resourceVersion": "1"},

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.decide import MAX_DECISION_LENGTH, GroupPlan, decide, node_facts, parse_decision
-from fiar_operator.policy import Policy, parse_policy
-from fiar_operator.selectors import node_constraint
+from fiar_operator.core.decide import MAX_DECISION_LENGTH, GroupPlan, decide, node_facts, parse_decision
+from fiar_operator.core.policy import Policy, parse_policy
+from fiar_operator.core.selectors import node_constraint
 
 
 def policy(**spec: Any) -> Policy:

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 import fiar_contract as contract
-from fiar_operator import decide, nodefacts, reconcile
-from fiar_operator.affinity import merge_node_alternatives
-from fiar_operator.nodefacts import NodeFacts, group_break, node_facts, verified_alternatives
-from fiar_operator.policy import DEFAULT, DEFAULT_BACKENDS, parse_policy
-from fiar_operator.selectors import node_constraint
+from fiar_operator.core import decide, nodefacts
+from fiar_operator.core.affinity import merge_node_alternatives
+from fiar_operator.core.nodefacts import NodeFacts, group_break, node_facts, verified_alternatives
+from fiar_operator.core.policy import DEFAULT, DEFAULT_BACKENDS, parse_policy
+from fiar_operator.core.selectors import node_constraint
+from fiar_operator.reconcile import rules as reconcile
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "operator" / "fiar_operator" / "crds" / "fiallreducepolicies.yaml"

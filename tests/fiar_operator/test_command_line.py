@@ -119,7 +119,7 @@ def test_run_takes_its_defaults_from_the_settings_dataclass(monkeypatch: pytest.
     import dataclasses
 
     from fiar_operator.cli import _settings, build_parser
-    from fiar_operator.settings import Settings
+    from fiar_operator.core.settings import Settings
 
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     settings = _settings(build_parser().parse_args(["run"]))

@@ -11,7 +11,7 @@ import yaml
 
 import fiar_contract as contract
 from fiar_operator import crd
-from fiar_operator.policy import (
+from fiar_operator.core.policy import (
     DEFAULT_BACKENDS,
     DEFAULT_IMEX_CLAIMS,
     FUSION_CONTROLS,

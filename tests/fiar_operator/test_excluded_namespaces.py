@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import kube
-from fiar_operator.decide import Decision
+from fiar_operator.core.decide import Decision
+from fiar_operator.core.settings import Settings, excluded_namespaces
 from fiar_operator.runtime import Runtime
-from fiar_operator.settings import Settings, excluded_namespaces
+from fiar_operator.state import kube
 
 RELEASE = "fiar-system"
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import patches
-from fiar_operator.commands import DOTTED_FLAG, container_process, expand, plan_command
-from fiar_operator.decide import Decision
-from fiar_operator.mutation import default_backend_ops, plan_pod_create
-from fiar_operator.pods import pod_record
-from fiar_operator.policy import Policy, parse_policy
+from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.core import patches
+from fiar_operator.core.commands import DOTTED_FLAG, container_process, expand, plan_command
+from fiar_operator.core.decide import Decision
+from fiar_operator.core.pods import pod_record
+from fiar_operator.core.policy import Policy, parse_policy
 
 USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}, "note": "ünï ${HOME} $x"}
 

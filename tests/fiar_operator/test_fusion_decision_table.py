@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.decide import Decision, GroupPlan, decide, node_facts, pending
-from fiar_operator.mutation import injected_entry
-from fiar_operator.pods import PodRecord, group_plan, pod_record
-from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.reconcile import policy_status, review_pod
-from fiar_operator.selectors import node_constraint
+from fiar_operator.admission.mutation import injected_entry
+from fiar_operator.core.decide import Decision, GroupPlan, decide, node_facts, pending
+from fiar_operator.core.pods import PodRecord, group_plan, pod_record
+from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.core.selectors import node_constraint
+from fiar_operator.reconcile.rules import policy_status, review_pod
 
 B, MN, T, C = contract.LABEL_BACKEND, contract.LABEL_MNNVL, contract.LABEL_TRTLLM, contract.LABEL_CLIQUE
 CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
@@ -266,7 +266,7 @@ def test_status_counts_pods_with_the_fusion_off_and_pods_whose_command_fiar_cann
 
 
 def test_a_group_pod_answered_from_the_admission_memo_keeps_its_imex_channel_claim() -> None:
-    from fiar_operator.store import memo_record
+    from fiar_operator.state.store import memo_record
 
     pod = lws_pod([{"name": "mnnvl-claim", "resourceClaimTemplateName": "cd-0"}], ["mnnvl-claim"])
     record = pod_record(pod)

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import limits
-from fiar_operator.admission import Admission, Need, parse_review
-from fiar_operator.errors import ApiError, ReviewError
-from fiar_operator.kube import Kube
-from fiar_operator.metrics import Metrics
-from fiar_operator.names import is_namespace_name, is_pod_name
-from fiar_operator.store import MEMO_BYTES, MEMO_TTL, Store
+from fiar_operator.admission.review import Admission, Need, parse_review
+from fiar_operator.core import limits
+from fiar_operator.core.errors import ApiError, ReviewError
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.names import is_namespace_name, is_pod_name
+from fiar_operator.state.kube import Kube
+from fiar_operator.state.store import MEMO_BYTES, MEMO_TTL, Store
 
 POLICY = {
     "metadata": {"name": "vllm", "resourceVersion": "1"},

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.pods import pod_record
-from fiar_operator.store import MEMO_TTL, Store
+from fiar_operator.core.pods import pod_record
+from fiar_operator.state.store import MEMO_TTL, Store
 
 
 def pod(name: str, uid: str, rv: str, node: str | None = None, policy: str | None = "p") -> dict[str, Any]:

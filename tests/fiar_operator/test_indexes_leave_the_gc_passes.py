@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gc
 
-from fiar_operator import informers, kube
+from fiar_operator.admission.server import READY_KINDS
+from fiar_operator.core.settings import Settings
 from fiar_operator.runtime import Runtime
-from fiar_operator.server import READY_KINDS
-from fiar_operator.settings import Settings
+from fiar_operator.state import informers, kube
 
 
 class Offline(kube.Kube):

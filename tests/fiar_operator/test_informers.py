@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator import informers, kube
-from fiar_operator.server import READY_KINDS
-from fiar_operator.store import Store
+from fiar_operator.admission.server import READY_KINDS
+from fiar_operator.state import informers, kube
+from fiar_operator.state.store import Store
 
 HOSTILE = "[" * 50_000
 """A fiar.io/decision annotation that ``json.loads`` cannot parse without a RecursionError."""

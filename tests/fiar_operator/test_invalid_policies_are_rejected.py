@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from fiar_operator import kube
-from fiar_operator.errors import ApiError
+from fiar_operator.core.errors import ApiError
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import fiar_contract as contract
-from fiar_operator.changes import Change, Changes, change_of
-from fiar_operator.leadership import leads
+from fiar_operator.reconcile.leadership import leads
+from fiar_operator.state.changes import Change, Changes, change_of
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=timezone.utc)
 

@@ -18,8 +18,8 @@ import pytest
 
 from devcluster import pki
 from devcluster.waiting import wait_for
-from fiar_operator.liveness import Heartbeats
-from fiar_operator.server import Bounds, Server, _Progress
+from fiar_operator.admission.server import Bounds, Server, _Progress
+from fiar_operator.core.liveness import Heartbeats
 
 from .conftest import HeldAdmission, start_held_server
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE
+from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE
 
 pytestmark = pytest.mark.controlplane
 

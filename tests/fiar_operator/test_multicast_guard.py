@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import patches, releases
-from fiar_operator.commands import container_process
-from fiar_operator.decide import GroupPlan, decide, pending
-from fiar_operator.mutation import plan_pod_create
-from fiar_operator.pods import pod_record, vllm_release
-from fiar_operator.reconcile import not_turned_off, policy_status, review_pod
-from fiar_operator.selectors import ANYWHERE
+from fiar_operator.admission.mutation import plan_pod_create
+from fiar_operator.core import patches, releases
+from fiar_operator.core.commands import container_process
+from fiar_operator.core.decide import GroupPlan, decide, pending
+from fiar_operator.core.pods import pod_record, vllm_release
+from fiar_operator.core.selectors import ANYWHERE
+from fiar_operator.reconcile.rules import not_turned_off, policy_status, review_pod
 from node_agent import hardware
 from node_agent.probe import ProbeConfig, probe
 from tests.fiar_operator.test_fusion_commands import FORMS, mutated, pod, policy

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane
-from fiar_operator import kube
-from fiar_operator.errors import ApiError
-from fiar_operator.policy import LWS_SIZE
+from fiar_operator.core.errors import ApiError
+from fiar_operator.core.policy import LWS_SIZE
+from fiar_operator.state import kube
 
 from .conftest import SESSION_LABEL, Kit, Operator
 

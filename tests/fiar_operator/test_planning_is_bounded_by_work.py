@@ -17,16 +17,16 @@ import pytest
 
 import fiar_contract as contract
 from devcluster import pki
-from fiar_operator import decide, limits, selectors
-from fiar_operator.admission import Admission, parse_review
-from fiar_operator.errors import OverBudget
-from fiar_operator.metrics import Metrics
-from fiar_operator.nodefacts import node_facts
-from fiar_operator.pods import group_plan, pod_record
-from fiar_operator.policy import LWS_SIZE, parse_policy
-from fiar_operator.server import Bounds, Server
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
+from fiar_operator.admission.review import Admission, parse_review
+from fiar_operator.admission.server import Bounds, Server
+from fiar_operator.core import decide, limits, selectors
+from fiar_operator.core.errors import OverBudget
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.nodefacts import node_facts
+from fiar_operator.core.pods import group_plan, pod_record
+from fiar_operator.core.policy import LWS_SIZE, parse_policy
+from fiar_operator.core.settings import Settings
+from fiar_operator.state.store import Store
 
 NODES = 1_000
 MNNVL = {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_MNNVL: "pass", contract.LABEL_CLIQUE: "c1", "zone": "z"}

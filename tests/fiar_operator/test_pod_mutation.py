@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import patches
-from fiar_operator.decide import node_facts, verified_for
-from fiar_operator.mutation import default_backend_ops, plan_pod_create
-from fiar_operator.pods import FIELD_PATH
-from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.selectors import node_constraint
+from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.core import patches
+from fiar_operator.core.decide import node_facts, verified_for
+from fiar_operator.core.pods import FIELD_PATH
+from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.core.selectors import node_constraint
 
 BACKEND_KEY = contract.ANNOTATION_POD_BACKEND
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from fiar_operator.errors import PolicyError
-from fiar_operator.policy import Policy, covers_namespace, parse_policy, select_policy
-from fiar_operator.selectors import LabelSelector, Requirement, parse_label_selector
+from fiar_operator.core.errors import PolicyError
+from fiar_operator.core.policy import Policy, covers_namespace, parse_policy, select_policy
+from fiar_operator.core.selectors import LabelSelector, Requirement, parse_label_selector
 
 
 def policy(

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import kube
 from fiar_operator.runtime import NODE_COUNTS_REFRESH, StatusWriter
-from fiar_operator.store import Store
+from fiar_operator.state import kube
+from fiar_operator.state.store import Store
 
 pytestmark = pytest.mark.controlplane
 

@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.decide import Decision
-from fiar_operator.pods import PodRecord, pod_record
-from fiar_operator.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.reconcile import is_stale, multi_node_warning, node_counts, policy_status, review_pod
-from fiar_operator.store import Store
+from fiar_operator.core.decide import Decision
+from fiar_operator.core.pods import PodRecord, pod_record
+from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.reconcile.rules import is_stale, multi_node_warning, node_counts, policy_status, review_pod
+from fiar_operator.state.store import Store
 
 NOW = "2026-05-01T12:00:00Z"
 

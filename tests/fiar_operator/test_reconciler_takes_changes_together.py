@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator import kube
-from fiar_operator.changes import change_of
-from fiar_operator.decide import decide
-from fiar_operator.liveness import Heartbeats
-from fiar_operator.policy import parse_policy
+from fiar_operator.core.decide import decide
+from fiar_operator.core.liveness import Heartbeats
+from fiar_operator.core.policy import parse_policy
+from fiar_operator.core.settings import Settings
 from fiar_operator.runtime import BATCH, Runtime
-from fiar_operator.settings import Settings
+from fiar_operator.state import kube
+from fiar_operator.state.changes import change_of
 
 POLICY = {"metadata": {"name": "vllm", "uid": "p-1"}, "spec": {"podSelector": {}}}
 VERIFIED = {"metadata": {"name": "gpu-1", "labels": {contract.LABEL_BACKEND: "trtllm"}}}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fiar_operator import releases
+from fiar_operator.core import releases
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "vllm-fi-ar-check" / "results.json"
 CHECKED: dict[str, Any] = json.loads(RESULTS.read_text())["versions"]

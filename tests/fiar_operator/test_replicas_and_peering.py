@@ -11,7 +11,7 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
-from fiar_operator import kube
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator import patches
-from fiar_operator.commands import SGLANG_TOKEN, container_process, plan_command
-from fiar_operator.decide import Decision, GroupPlan, decide, pending
-from fiar_operator.mutation import default_backend_ops, plan_pod_create
-from fiar_operator.pods import pod_record
-from fiar_operator.policy import Policy, parse_policy
-from fiar_operator.selectors import node_constraint
+from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
+from fiar_operator.core import patches
+from fiar_operator.core.commands import SGLANG_TOKEN, container_process, plan_command
+from fiar_operator.core.decide import Decision, GroupPlan, decide, pending
+from fiar_operator.core.pods import pod_record
+from fiar_operator.core.policy import Policy, parse_policy
+from fiar_operator.core.selectors import node_constraint
 
 B, M, MN, T, C = (
     contract.LABEL_BACKEND,

@@ -10,15 +10,15 @@ import pytest
 from kubernetes import client
 
 import fiar_contract as contract
-from fiar_operator.events import TokenBucket
-from fiar_operator.kube import Kube
-from fiar_operator.pods import FIELD_PATH, PodRecord, pod_record
-from fiar_operator.policy import Policy, parse_policy
-from fiar_operator.reconcile import policy_status, unconfigured_by, unconfigured_pods
+from fiar_operator.core.pods import FIELD_PATH, PodRecord, pod_record
+from fiar_operator.core.policy import Policy, parse_policy
+from fiar_operator.core.settings import Settings
+from fiar_operator.reconcile.events import TokenBucket
+from fiar_operator.reconcile.rules import policy_status, unconfigured_by, unconfigured_pods
+from fiar_operator.reconcile.unconfigured import Unconfigured
 from fiar_operator.runtime import Runtime
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
-from fiar_operator.unconfigured import Unconfigured
+from fiar_operator.state.kube import Kube
+from fiar_operator.state.store import Store
 
 NOW = "2026-05-01T12:00:00Z"
 NS = {"kubernetes.io/metadata.name": "ml"}

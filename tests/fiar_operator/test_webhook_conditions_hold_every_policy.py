@@ -11,9 +11,10 @@ import pytest
 
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import kube, webhookconfig
-from fiar_operator.policy import Policy, parse_policy
-from fiar_operator.webhooksync import WebhookSync, static_conditions
+from fiar_operator.core.policy import Policy, parse_policy
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.reconcile.webhooksync import WebhookSync, static_conditions
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

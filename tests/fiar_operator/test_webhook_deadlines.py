@@ -7,7 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from fiar_operator import server, settings, webhookconfig
+from fiar_operator.admission import server
+from fiar_operator.core import settings
+from fiar_operator.reconcile import webhookconfig
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fiar"
 

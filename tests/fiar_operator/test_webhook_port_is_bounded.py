@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from devcluster import pki
-from fiar_operator.server import Bounds, Server
+from fiar_operator.admission.server import Bounds, Server
 
 from .conftest import start_held_server
 

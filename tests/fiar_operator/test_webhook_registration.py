@@ -10,7 +10,8 @@ import pytest
 
 from devcluster.binaries import render
 from devcluster.cluster import Tier, free_port
-from fiar_operator import kube, webhookconfig
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

@@ -12,8 +12,8 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.webhooks import Review, WebhookServer, mutating_configuration
-from fiar_operator import kube
-from fiar_operator.errors import ApiError
+from fiar_operator.core.errors import ApiError
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 

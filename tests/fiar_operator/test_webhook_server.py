@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from devcluster import pki
-from fiar_operator.admission import Admission
-from fiar_operator.metrics import Metrics
-from fiar_operator.server import Server
-from fiar_operator.settings import Settings
-from fiar_operator.store import Store
+from fiar_operator.admission.review import Admission
+from fiar_operator.admission.server import Server
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.settings import Settings
+from fiar_operator.state.store import Store
 
 
 @pytest.fixture

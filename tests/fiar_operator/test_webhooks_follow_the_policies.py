@@ -13,8 +13,9 @@ import pytest
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
-from fiar_operator import kube, webhookconfig
-from fiar_operator.pods import FIELD_PATH
+from fiar_operator.core.pods import FIELD_PATH
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 
@@ -82,7 +83,7 @@ def test_pods_no_policy_can_select_never_reach_the_webhooks(
 
 
 def selector(raw: dict[str, Any]) -> Any:
-    from fiar_operator.selectors import parse_label_selector
+    from fiar_operator.core.selectors import parse_label_selector
 
     return parse_label_selector(raw, "test")
 
@@ -101,7 +102,7 @@ def test_namespace_terms_on_other_labels_never_narrow_the_condition() -> None:
 
 
 def test_a_binding_passes_everywhere_once_a_policy_selects_namespaces_by_label() -> None:
-    from fiar_operator.policy import parse_policy
+    from fiar_operator.core.policy import parse_policy
 
     def policy(name: str, namespaces: dict[str, Any]) -> Any:
         spec = {"podSelector": {}, "namespaceSelector": namespaces}

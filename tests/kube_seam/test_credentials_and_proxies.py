@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client
 
 import fiar_kube as kube
-from fiar_operator import kube as operator_kube
-from fiar_operator.errors import ConfigurationError
+from fiar_operator.core.errors import ConfigurationError
+from fiar_operator.state import kube as operator_kube
 from node_agent.errors import ConfigError
 from node_agent.publish import load_client_config
 

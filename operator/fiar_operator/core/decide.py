@@ -34,11 +34,18 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator import limits, releases, sglang
-from fiar_operator.limits import Budget
-from fiar_operator.nodefacts import MULTI_NODE_BACKEND, RUNS_UNVERIFIED, NodeFacts, group_break, joins_group, node_facts
-from fiar_operator.policy import Policy
-from fiar_operator.selectors import ANYWHERE, NodeConstraint
+from fiar_operator.core import limits, releases, sglang
+from fiar_operator.core.limits import Budget
+from fiar_operator.core.nodefacts import (
+    MULTI_NODE_BACKEND,
+    RUNS_UNVERIFIED,
+    NodeFacts,
+    group_break,
+    joins_group,
+    node_facts,
+)
+from fiar_operator.core.policy import Policy
+from fiar_operator.core.selectors import ANYWHERE, NodeConstraint
 
 Reason = Literal[
     "Verified",

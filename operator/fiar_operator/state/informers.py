@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import fiar_kube
-from fiar_operator import kube
-from fiar_operator.errors import ApiError, Gone
-from fiar_operator.store import Store, describe
+from fiar_operator.core.errors import ApiError, Gone
+from fiar_operator.state import kube
+from fiar_operator.state.store import Store, describe
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from fiar_operator import reconcile
-from fiar_operator.events import Event, TokenBucket, pod_ref
-from fiar_operator.pods import PodRecord
-from fiar_operator.policy import Policy
-from fiar_operator.store import Store
+from fiar_operator.core.pods import PodRecord
+from fiar_operator.core.policy import Policy
+from fiar_operator.reconcile import rules as reconcile
+from fiar_operator.reconcile.events import Event, TokenBucket, pod_ref
+from fiar_operator.state.store import Store
 
 EVENT_BURST: Final = 20
 EVENTS_PER_SECOND: Final = 0.5

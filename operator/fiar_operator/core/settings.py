@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from fiar_operator.errors import ConfigurationError
+from fiar_operator.core.errors import ConfigurationError
 
 ALWAYS_EXCLUDED: Final = ("kube-system",)
 MAX_READ_TIMEOUT: Final = 0.4

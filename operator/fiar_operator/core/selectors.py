@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fiar_operator.errors import PolicyError
+from fiar_operator.core.errors import PolicyError
 
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 NODE_OPERATORS = (*LABEL_OPERATORS, "Gt", "Lt")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from fiar_operator.errors import OverBudget
+from fiar_operator.core.errors import OverBudget
 
 MAX_CONTAINERS: Final = 256
 """Containers and init containers of one pod (a vLLM pod has a handful)."""

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import decide, limits, mutation, patches
-from fiar_operator.errors import OverBudget, ReviewError
-from fiar_operator.metrics import Metrics
-from fiar_operator.names import is_namespace_name, is_object, is_pod_name
-from fiar_operator.pods import PodRecord, group_plan, pod_record, vllm_release
-from fiar_operator.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
-from fiar_operator.store import Store
+from fiar_operator.admission import mutation
+from fiar_operator.core import decide, limits, patches
+from fiar_operator.core.errors import OverBudget, ReviewError
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.names import is_namespace_name, is_object, is_pod_name
+from fiar_operator.core.pods import PodRecord, group_plan, pod_record, vllm_release
+from fiar_operator.core.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
+from fiar_operator.state.store import Store
 
 log = logging.getLogger(__name__)
 

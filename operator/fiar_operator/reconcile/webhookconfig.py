@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator.pods import INJECTED, field_path
-from fiar_operator.policy import Policy
-from fiar_operator.selectors import LabelSelector, Requirement
-from fiar_operator.settings import ALWAYS_EXCLUDED
+from fiar_operator.core.pods import INJECTED, field_path
+from fiar_operator.core.policy import Policy
+from fiar_operator.core.selectors import LabelSelector, Requirement
+from fiar_operator.core.settings import ALWAYS_EXCLUDED
 
 NAME: Final = "fiar-operator"
 POD_HOOK: Final = f"pods.{contract.GROUP}"

@@ -38,13 +38,13 @@ from typing import Any, Final, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from fiar_operator import limits
-from fiar_operator.admission import Admission, Need, Review, parse_review, respond
-from fiar_operator.errors import ApiError, ConfigurationError, ReviewError
-from fiar_operator.kube import Kube
-from fiar_operator.liveness import Heartbeats
-from fiar_operator.metrics import Metrics
-from fiar_operator.settings import Settings
+from fiar_operator.admission.review import Admission, Need, Review, parse_review, respond
+from fiar_operator.core import limits
+from fiar_operator.core.errors import ApiError, ConfigurationError, ReviewError
+from fiar_operator.core.liveness import Heartbeats
+from fiar_operator.core.metrics import Metrics
+from fiar_operator.core.settings import Settings
+from fiar_operator.state.kube import Kube
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import decide, nodefacts
-from fiar_operator.pods import PodRecord, group_plan, vllm_release
-from fiar_operator.policy import Policy, select_policy
+from fiar_operator.core import decide, nodefacts
+from fiar_operator.core.pods import PodRecord, group_plan, vllm_release
+from fiar_operator.core.policy import Policy, select_policy
 
 UNCONFIGURED_EXAMPLES: Final = 3
 """Unconfigured pods named in the UnconfiguredPods condition message."""

@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from fiar_operator import webhookconfig
-from fiar_operator.errors import ApiError, Invalid
-from fiar_operator.kube import MUTATING_CONFIGS, Kube
-from fiar_operator.policy import Policy
+from fiar_operator.core.errors import ApiError, Invalid
+from fiar_operator.core.policy import Policy
+from fiar_operator.reconcile import webhookconfig
+from fiar_operator.state.kube import MUTATING_CONFIGS, Kube
 
 log = logging.getLogger(__name__)
 

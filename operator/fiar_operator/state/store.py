@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fiar_operator import policy as policies
-from fiar_operator.errors import PolicyError
-from fiar_operator.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
+from fiar_operator.core import policy as policies
+from fiar_operator.core.errors import PolicyError
+from fiar_operator.core.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from fiar_operator.kube import Kube
-from fiar_operator.pods import PodRecord
+from fiar_operator.core.pods import PodRecord
+from fiar_operator.state.kube import Kube
 
 COMPONENT: Final = "fiar-operator"
 MESSAGE_MAX: Final = 1024

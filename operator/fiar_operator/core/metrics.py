@@ -7,7 +7,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fiar_operator.decide import Decision
+from fiar_operator.core.decide import Decision
 
 LATENCY_BUCKETS: Final = (
     0.00005,

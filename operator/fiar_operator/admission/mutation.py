@@ -15,9 +15,9 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator import affinity, commands, decide, nodefacts, patches
-from fiar_operator.limits import Budget
-from fiar_operator.pods import (
+from fiar_operator.core import affinity, commands, decide, nodefacts, patches
+from fiar_operator.core.limits import Budget
+from fiar_operator.core.pods import (
     INJECTED,
     annotations_read,
     field_path,
@@ -26,7 +26,7 @@ from fiar_operator.pods import (
     pod_record,
     vllm_release,
 )
-from fiar_operator.policy import Policy
+from fiar_operator.core.policy import Policy
 
 
 def injected_entry(name: str) -> dict[str, Any]:
@@ -196,9 +196,7 @@ def _fusion_ops(
     return ops
 
 
-def _guard_env(
-    env: list[Any], name: str, respect: bool, warnings: list[str], skip: tuple[str, ...] = ()
-) -> list[Any]:
+def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str], skip: tuple[str, ...] = ()) -> list[Any]:
     """The env list with each multicast-guard variable read from its annotation (``contract.MULTICAST_GUARD``).
 
     A container's own entry is kept under respectExplicitEnv and replaced without it; an entry whose

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from fiar_operator.errors import ApiError, NotFound
-from fiar_operator.kube import Kube
+from fiar_operator.core.errors import ApiError, NotFound
+from fiar_operator.state.kube import Kube
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any, Final
 import fiar_contract as contract
 import fiar_kube
 from fiar_kube import APPLY_PATCH, JSON, MERGE_PATCH, segment
-from fiar_operator.errors import ApiError, ConfigurationError, Conflict, NotFound
-from fiar_operator.names import is_namespace_name, is_object, is_pod_name
+from fiar_operator.core.errors import ApiError, ConfigurationError, Conflict, NotFound
+from fiar_operator.core.names import is_namespace_name, is_object, is_pod_name
 
 __all__ = ["APPLY_PATCH", "JSON", "MERGE_PATCH", "Kube", "Listing", "configuration", "segment"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import fiar_contract as contract
-from fiar_operator.affinity import Json, backend_requirement
+from fiar_operator.core.affinity import Json, backend_requirement
 
 MULTI_NODE_BACKEND: Final[contract.Backend] = "mnnvl"
 """The only backend that works across pods (vLLM treats each pod as a node; the others raise there).

@@ -8,12 +8,12 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator.commands import plan_command
-from fiar_operator.decide import GroupPlan, parse_decision
-from fiar_operator.nodefacts import MULTI_NODE_BACKEND
-from fiar_operator.policy import LWS_SIZE, Policy
-from fiar_operator.releases import image_release
-from fiar_operator.selectors import ANYWHERE, NodeConstraint, node_constraint
+from fiar_operator.core.commands import plan_command
+from fiar_operator.core.decide import GroupPlan, parse_decision
+from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
+from fiar_operator.core.policy import LWS_SIZE, Policy
+from fiar_operator.core.releases import image_release
+from fiar_operator.core.selectors import ANYWHERE, NodeConstraint, node_constraint
 
 GENERATED_SUFFIX: Final = 5
 """Characters the API server appends to ``generateName`` (names.SimpleNameGenerator)."""

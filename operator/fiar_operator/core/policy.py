@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 import fiar_contract as contract
-from fiar_operator import selectors
-from fiar_operator.errors import PolicyError
+from fiar_operator.core import selectors
+from fiar_operator.core.errors import PolicyError
 
 Placement = Literal["Anywhere", "VerifiedNodesOnly"]
 Mode = Literal["Enforce", "Audit"]

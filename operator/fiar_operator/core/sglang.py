@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Final
 
 import fiar_contract as contract
-from fiar_operator.nodefacts import MULTI_NODE_BACKEND
+from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
 
 SINGLE_POD_CHOICES: Final[frozenset[contract.Backend]] = frozenset({"mnnvl", "trtllm"})
 """The backends SGLang's own choice can be for one pod (``auto`` on SM100 or SM90; cutedsl as mnnvl)."""
