@@ -341,8 +341,8 @@ def attacks(target: Target, quick: bool) -> None:
 
 # -- reconciler costs (in process) ----------------------------------------------------------------------
 def reconciler(quick: bool) -> None:
+    from fiar_operator.reconcile.status import NODE_COUNTS_REFRESH, StatusWriter
     from fiar_operator.reconcile.unconfigured import Unconfigured
-    from fiar_operator.runtime import NODE_COUNTS_REFRESH, StatusWriter
     from fiar_operator.state.store import Store
 
     pods, policies = (2_000, 100) if quick else (20_000, 1_000)

@@ -1,7 +1,7 @@
 """Cost of the reconciler's bookkeeping for pods the pod webhook never configured.
 
 The pod informer tells the reconciler of every pod change (not only of labelled pods), which checks whether a
-policy selects an unlabelled pod. This times that per-event work through ``Runtime.on_pod`` beside
+policy selects an unlabelled pod. This times that per-event work through ``devcluster.feed.feed`` beside
 the work every pod event already costs (``Store.put_pod``, the informer's indexing), in one run, and
 times the full recomputation over the pod index that a policy change triggers.
 
@@ -21,6 +21,7 @@ from kubernetes import client
 from operator_admission_latency import timed  # the same timing loop as the admission benchmark
 
 import fiar_contract as contract
+from devcluster.feed import feed
 from fiar_operator.core.settings import Settings
 from fiar_operator.runtime import Runtime
 from fiar_operator.state.kube import Kube
@@ -93,7 +94,7 @@ def main() -> None:
     print(f"{'pod event':48} {'put_pod p50 µs':>15} {'on_pod p50 µs':>14} {'on_pod p99 µs':>14} {'ratio':>6}")
     for name, body in cases.items():
         base = timed(lambda body=body: runtime.store.put_pod(body), args.rounds)
-        full = timed(lambda body=body: runtime.on_pod(body), args.rounds)
+        full = timed(lambda body=body: feed(runtime, "pods", body), args.rounds)
         ratio = full["p50_us"] / base["p50_us"]
         print(f"{name:48} {base['p50_us']:15.1f} {full['p50_us']:14.1f} {full['p99_us']:14.1f} {ratio:6.2f}")
 
@@ -106,10 +107,10 @@ def main() -> None:
             }
         )
         started = time.perf_counter()
-        events = runtime.unconfigured.sweep()
+        events = runtime.reconciler.unconfigured.sweep()
         sweeps.append(time.perf_counter() - started)
         assert generation > 2 or events, "the first sweep reports the unconfigured pods"
-    counted = sum(len(runtime.unconfigured.pods(name)) for name in runtime.store.policies)
+    counted = sum(len(runtime.reconciler.unconfigured.pods(name)) for name in runtime.store.policies)
     sweeps.sort()
     print(
         f"recomputation after a policy change over {args.pods} pods: median {sweeps[len(sweeps) // 2] * 1000:.1f} ms, "

@@ -74,12 +74,12 @@ def measure() -> dict[str, Any]:
         pods[("ml", f"vllm-{i}")] = pod
         runtime.store.put_pod(pod)
     for _ in range(2):  # the first sight of the policy decides every pod; the second finds them decided
-        runtime.apply_all([change_of("policies", "MODIFIED", policy)])
+        runtime.reconciler.apply_all([change_of("policies", "MODIFIED", policy)])
 
     def timed(obj: dict[str, Any]) -> float:
         runtime.store.put_policy(obj)
         began = time.process_time()
-        runtime.apply_all([change_of("policies", "MODIFIED", obj)])
+        runtime.reconciler.apply_all([change_of("policies", "MODIFIED", obj)])
         return time.process_time() - began
 
     status_only = []

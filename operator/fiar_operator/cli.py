@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
             selector=webhookconfig.namespace_selector(settings.excluded_namespaces),
         )
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
-        runtime.webhooks.name = runtime.webhooks.name or registered
+        runtime.reconciler.webhooks.name = runtime.reconciler.webhooks.name or registered
     runtime.start()
 
     async def operate() -> None:

@@ -34,7 +34,7 @@ from fiar_operator.core.errors import ApiError
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import webhookconfig
-from fiar_operator.state import kube
+from fiar_operator.state import kinds, kube
 from fiar_operator.state.store import Store
 
 SESSION_LABEL = "fiar-operator-test"
@@ -380,7 +380,7 @@ def start_held_server(ca: pki.CertificateAuthority, workdir: Path, bounds: Bound
     crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
     (workdir / "ca.crt").write_bytes(ca.cert_pem)
     store = Store()
-    for kind in ("nodes", "namespaces", "policies", "pods"):
+    for kind in kinds.WATCHED:
         store.replace_all(kind, [])
     metrics = Metrics(store.sizes)
     settings = Settings(

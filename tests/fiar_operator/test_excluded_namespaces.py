@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster.feed import feed
 from fiar_operator.core.decide import Decision
 from fiar_operator.core.settings import Settings, excluded_namespaces
 from fiar_operator.runtime import Runtime
@@ -79,17 +80,18 @@ def test_namespaces_the_chart_excludes_are_excluded_too() -> None:
 @pytest.mark.parametrize("namespace", ["kube-system", RELEASE, "ignored"])
 def test_reconciler_never_reannotates_or_reports_pods_in_excluded_namespaces(namespace: str) -> None:
     runtime, client, pod = runtime_with(namespace)
-    assert runtime.on_pod(pod) == []
+    assert feed(runtime, "pods", pod) == []
     relabelled = {"metadata": {"name": "gpu-1", "labels": {contract.LABEL_BACKEND: "none"}}}
-    assert runtime.on_node(relabelled) == []
-    assert runtime.on_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, "backends": ["trtllm"]}}) == []
+    assert feed(runtime, "nodes", relabelled) == []
+    policy = {"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, "backends": ["trtllm"]}}
+    assert feed(runtime, "policies", policy) == []
     assert client.annotated == []
     assert (namespace, "vllm-0") in runtime.store.pods, "the pod stays indexed"
 
 
 def test_reconciler_still_decides_pods_in_other_namespaces() -> None:
     runtime, client, pod = runtime_with("ml")
-    events = runtime.on_pod(pod)
+    events = feed(runtime, "pods", pod)
     assert client.annotated == [("ml", "vllm-0")]
     assert [e.reason for e in events] == ["DecidedAfterBinding"]
     assert runtime.store.pods[("ml", "vllm-0")].backend == "mnnvl"

@@ -6,6 +6,7 @@ from typing import Any
 
 import fiar_contract as contract
 from fiar_operator.core.pods import pod_record
+from fiar_operator.state import kinds
 from fiar_operator.state.store import MEMO_TTL, Store
 
 
@@ -79,7 +80,7 @@ def test_memo_uses_the_truncated_prefix_of_long_generate_names() -> None:
 def test_relist_replaces_everything_and_marks_the_kind_synced() -> None:
     store = Store()
     store.put_pod(pod("gone", "u0", "1", node="n"))
-    store.replace_all("pods", [pod("kept", "u1", "2", node="m")])
+    store.replace_all(kinds.PODS, [pod("kept", "u1", "2", node="m")])
     assert list(store.pods) == [("ml", "kept")] and store.pods_on_node("n") == []
     assert store.synced == {"pods": True}
 

@@ -7,17 +7,8 @@ from __future__ import annotations
 
 import gc
 
-from fiar_operator.admission.server import READY_KINDS
-from fiar_operator.core.settings import Settings
-from fiar_operator.runtime import Runtime
-from fiar_operator.state import informers, kube
-
-
-class Offline(kube.Kube):
-    """No API server: the test only feeds the indexes."""
-
-    def __init__(self) -> None:
-        pass
+from fiar_operator.state import informers, kinds
+from fiar_operator.state.store import Store
 
 
 class Held:
@@ -37,17 +28,18 @@ def test_the_indexes_leave_the_full_passes_once_all_are_listed_and_only_then() -
 
 
 def runs_once_all_are_listed() -> None:
-    runtime = Runtime(Settings(metrics_port=None, standalone=True), Offline())
+    store = Store()
+    settle = informers.Settle(store)  # what every informer calls after its list
     held = Held()
-    for kind in READY_KINDS[:-1]:
-        runtime.store.replace_all(kind, [])
-        runtime.notify(kind, informers.LISTED, {})
+    for kind in kinds.WATCHED[:-1]:
+        store.replace_all(kind, [])
+        settle.listed()
     assert tracked(held), "not all listed yet: nothing frozen"
 
-    runtime.store.replace_all(READY_KINDS[-1], [])
-    runtime.notify(READY_KINDS[-1], informers.LISTED, {})
+    store.replace_all(kinds.WATCHED[-1], [])
+    settle.listed()
     assert not tracked(held), "alive when every index was listed: frozen"
 
     more = Held()
-    runtime.notify(READY_KINDS[-1], informers.LISTED, {})  # a re-list later
+    settle.listed()  # a re-list later
     assert tracked(more), "froze again"

@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.admission.server import READY_KINDS
-from fiar_operator.state import informers, kube
+from fiar_operator.state import informers, kinds, kube
 from fiar_operator.state.store import Store
 
 HOSTILE = "[" * 50_000
@@ -120,7 +119,7 @@ def test_hostile_decision_annotation_neither_kills_the_pods_informer_nor_blocks_
     running, stop = run_informers(client, store)
     try:
         assert client.done.wait(10), "the pods watch never got past its events"
-        assert [k for k in READY_KINDS if not store.synced.get(k)] == []
+        assert kinds.not_listed(store.synced) == []
         assert sorted(name for _, name in store.pods) == ["a", "b", "c", "hostile"]
         assert store.pods[("ml", "hostile")].decision is None
         assert store.pods[("ml", "a")].resource_version == "2"
@@ -135,7 +134,7 @@ def test_hostile_decision_annotation_neither_kills_the_pods_informer_nor_blocks_
 def test_object_that_cannot_be_indexed_is_left_out_of_the_list_not_the_whole_list() -> None:
     client = FakeKube({kube.PODS: [pod("a"), {"metadata": ["not", "a", "map"]}, pod("b")]})
     store = Store()
-    store.replace_all("pods", client.list(kube.PODS))
+    store.replace_all(kinds.PODS, client.list(kube.PODS))
     assert sorted(name for _, name in store.pods) == ["a", "b"] and store.synced["pods"]
 
 

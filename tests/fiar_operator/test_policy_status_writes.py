@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.runtime import NODE_COUNTS_REFRESH, StatusWriter
+from fiar_operator.reconcile.status import NODE_COUNTS_REFRESH, StatusWriter
 from fiar_operator.state import kube
 from fiar_operator.state.store import Store
 

@@ -10,6 +10,7 @@ from fiar_operator.core.decide import Decision
 from fiar_operator.core.pods import PodRecord, pod_record
 from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
 from fiar_operator.reconcile.rules import is_stale, multi_node_warning, node_counts, policy_status, review_pod
+from fiar_operator.state import kinds
 from fiar_operator.state.store import Store
 
 NOW = "2026-05-01T12:00:00Z"
@@ -283,5 +284,5 @@ def test_the_node_index_counts_each_change_of_labels_and_no_heartbeat_or_stale_e
     store.delete_node("gpu-0")
     store.delete_node("gpu-0")
     assert store.node_changes == 3
-    store.replace_all("nodes", [body])
+    store.replace_all(kinds.NODES, [body])
     assert store.node_changes > 3 and store.nodes == {"gpu-0": verdict("mnnvl")}

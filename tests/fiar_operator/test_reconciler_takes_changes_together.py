@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import fiar_contract as contract
+from devcluster.feed import feed
 from fiar_operator.core.decide import decide
 from fiar_operator.core.liveness import Heartbeats
 from fiar_operator.core.policy import parse_policy
 from fiar_operator.core.settings import Settings
-from fiar_operator.runtime import BATCH, Runtime
+from fiar_operator.reconcile.reconciler import BATCH
+from fiar_operator.runtime import Runtime
 from fiar_operator.state import kube
 from fiar_operator.state.changes import change_of
 
@@ -93,34 +95,34 @@ def test_pods_waiting_behind_their_nodes_restored_verdict_are_patched_together_o
     client = SlowKube(pods)
     runtime = indexed(client)
     for pod in pods.values():  # the MODIFIED events of the PATCHes that took the verdict away
-        runtime.changes.put(change_of("pods", "MODIFIED", pod))
-    runtime.changes.put(change_of("nodes", "MODIFIED", VERIFIED))  # the verdict comes back
+        runtime.reconciler.changes.put(change_of("pods", "MODIFIED", pod))
+    runtime.reconciler.changes.put(change_of("nodes", "MODIFIED", VERIFIED))  # the verdict comes back
 
-    events = runtime.apply_all(runtime.changes.take_all(0, BATCH))
+    events = runtime.reconciler.apply_all(runtime.reconciler.changes.take_all(0, BATCH))
 
     assert sorted(client.annotated) == sorted(name for _, name in pods), "each pod patched once"
     assert client.most_at_once > 1, "the PATCHes went out side by side"
     assert {runtime.store.pods[key].backend for key in pods} == {"trtllm"}
     assert [e.reason for e in events] == ["NodeVerdictChanged"] * len(pods)
-    assert len(runtime.changes) == 0
+    assert len(runtime.reconciler.changes) == 0
 
 
 def test_take_all_returns_every_pending_change_oldest_first_up_to_the_limit() -> None:
     runtime = Runtime(Settings(metrics_port=None, standalone=True), SlowKube({}))
     for name in ("a", "b", "c"):
-        runtime.changes.put(change_of("nodes", "MODIFIED", {"metadata": {"name": name}}))
-    assert [c.name for c in runtime.changes.take_all(0, 2)] == ["a", "b"]
-    assert [c.name for c in runtime.changes.take_all(0, 2)] == ["c"]
-    assert runtime.changes.take_all(0, 2) == []
+        runtime.reconciler.changes.put(change_of("nodes", "MODIFIED", {"metadata": {"name": name}}))
+    assert [c.name for c in runtime.reconciler.changes.take_all(0, 2)] == ["a", "b"]
+    assert [c.name for c in runtime.reconciler.changes.take_all(0, 2)] == ["c"]
+    assert runtime.reconciler.changes.take_all(0, 2) == []
 
 
 def test_the_reconciler_goes_on_while_its_events_are_posted() -> None:
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(4)}
     client = SlowKube(pods)
     runtime = indexed(client, verified=False)
-    events = runtime.on_node(VERIFIED)
+    events = feed(runtime, "nodes", VERIFIED)
     assert len(events) == 4
-    handed = threading.Thread(target=runtime.post, args=(events,))
+    handed = threading.Thread(target=runtime.reconciler.post, args=(events,))
     handed.start()
     handed.join(10)
     try:
@@ -143,19 +145,19 @@ def test_a_policy_whose_status_alone_changed_concerns_none_of_its_pods() -> None
     runtime = indexed(client, policy=False, verified=False)
     policy = copy.deepcopy(POLICY)
     policy["metadata"].update(generation=1, resourceVersion="1")
-    runtime.on_policy(policy)
+    feed(runtime, "policies", policy)
     assert client.annotated == [], "gpu-1 has no verdict yet: the fallback stays"
     runtime.store.put_node(VERIFIED)  # its change is still on its way to the reconciler
 
     status_only = copy.deepcopy(policy)
     status_only["metadata"]["resourceVersion"] = "2"
     status_only["status"] = {"pods": {"managed": 4}}
-    runtime.on_policy(status_only)
+    feed(runtime, "policies", status_only)
     assert client.annotated == [], "a status write reviewed the policy's pods"
 
     new_spec = copy.deepcopy(status_only)
     new_spec["metadata"].update(generation=2, resourceVersion="3")
-    runtime.on_policy(new_spec)
+    feed(runtime, "policies", new_spec)
     assert sorted(client.annotated) == sorted(name for _, name in pods), "a new generation reviews every pod"
 
 
@@ -189,7 +191,7 @@ def test_the_reconciler_beats_while_its_patches_go_out() -> None:
     client = TimedKube(pods)
     runtime = indexed(client)
     runtime.heartbeats = beats = RecordedBeats()
-    runtime.apply_all([change_of("nodes", "MODIFIED", VERIFIED)])
+    runtime.reconciler.apply_all([change_of("nodes", "MODIFIED", VERIFIED)])
     assert len(client.annotated) == 16
     first_done = min(client.ended)
     assert sum(t > first_done for t in beats.times) >= 8, "no beat once the first PATCH was answered"

@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 
 import fiar_contract as contract
+from devcluster.feed import feed
 from fiar_operator.core.pods import FIELD_PATH, PodRecord, pod_record
 from fiar_operator.core.policy import Policy, parse_policy
 from fiar_operator.core.settings import Settings
@@ -17,6 +18,7 @@ from fiar_operator.reconcile.events import TokenBucket
 from fiar_operator.reconcile.rules import policy_status, unconfigured_by, unconfigured_pods
 from fiar_operator.reconcile.unconfigured import Unconfigured
 from fiar_operator.runtime import Runtime
+from fiar_operator.state import kinds
 from fiar_operator.state.kube import Kube
 from fiar_operator.state.store import Store
 
@@ -143,41 +145,41 @@ def policy_body(name: str, generation: int = 1, **spec: Any) -> dict[str, Any]:
 
 
 def test_each_unconfigured_pod_gets_one_warning_and_is_counted_until_it_goes(runtime: Runtime) -> None:
-    runtime.on_policy(policy_body("vllm"))
-    (event,) = runtime.on_pod(body("a"))
+    feed(runtime, "policies", policy_body("vllm"))
+    (event,) = feed(runtime, "pods", body("a"))
     assert (event.type, event.reason, event.target["metadata"]["uid"]) == ("Warning", "NotConfigured", "uid-a")
-    assert runtime.on_pod(body("a")) == [], "one event per pod, not one per update"
-    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
-    assert runtime.on_pod(body("a", phase="Succeeded")) == []
-    assert runtime.unconfigured.pods("vllm") == [], "a finished pod runs nothing"
-    runtime.on_pod(body("b"))
-    runtime.on_pod(body("b"), deleted=True)
-    assert runtime.unconfigured.pods("vllm") == []
+    assert feed(runtime, "pods", body("a")) == [], "one event per pod, not one per update"
+    assert runtime.reconciler.unconfigured.pods("vllm") == ["ml/a"]
+    assert feed(runtime, "pods", body("a", phase="Succeeded")) == []
+    assert runtime.reconciler.unconfigured.pods("vllm") == [], "a finished pod runs nothing"
+    feed(runtime, "pods", body("b"))
+    feed(runtime, "pods", body("b"), deleted=True)
+    assert runtime.reconciler.unconfigured.pods("vllm") == []
 
 
 def test_a_policy_created_after_its_pods_reports_them_at_once(runtime: Runtime) -> None:
-    assert runtime.on_pod(body("a")) == [] and runtime.on_pod(body("b", {"app": "web"})) == []
-    events = runtime.on_policy(policy_body("vllm"))
+    assert feed(runtime, "pods", body("a")) == [] and feed(runtime, "pods", body("b", {"app": "web"})) == []
+    events = feed(runtime, "policies", policy_body("vllm"))
     assert [e.target["metadata"]["name"] for e in events] == ["a"]
-    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
-    assert runtime.on_policy(policy_body("vllm")) == [], "its own status writes change nothing"
+    assert runtime.reconciler.unconfigured.pods("vllm") == ["ml/a"]
+    assert feed(runtime, "policies", policy_body("vllm")) == [], "its own status writes change nothing"
 
 
 def test_a_higher_priority_policy_takes_over_the_report_and_a_deleted_one_drops_it(runtime: Runtime) -> None:
-    runtime.on_policy(policy_body("low"))
-    runtime.on_pod(body("a"))
-    runtime.on_policy(policy_body("high", priority=9))
-    assert (runtime.unconfigured.pods("low"), runtime.unconfigured.pods("high")) == ([], ["ml/a"])
-    runtime.on_policy(policy_body("high", priority=9), deleted=True)
-    assert (runtime.unconfigured.pods("low"), runtime.unconfigured.pods("high")) == (["ml/a"], [])
+    feed(runtime, "policies", policy_body("low"))
+    feed(runtime, "pods", body("a"))
+    feed(runtime, "policies", policy_body("high", priority=9))
+    assert (runtime.reconciler.unconfigured.pods("low"), runtime.reconciler.unconfigured.pods("high")) == ([], ["ml/a"])
+    feed(runtime, "policies", policy_body("high", priority=9), deleted=True)
+    assert (runtime.reconciler.unconfigured.pods("low"), runtime.reconciler.unconfigured.pods("high")) == (["ml/a"], [])
 
 
 def test_pods_in_excluded_namespaces_are_never_reported(runtime: Runtime) -> None:
     runtime.store.put_namespace({"metadata": {"name": "kube-system", "labels": {}}})
-    runtime.on_policy(policy_body("vllm", namespaceSelector={}))
+    feed(runtime, "policies", policy_body("vllm", namespaceSelector={}))
     system = {**body("coredns"), "metadata": {**body("coredns")["metadata"], "namespace": "kube-system"}}
-    assert runtime.on_pod(system) == []
-    assert runtime.unconfigured.pods("vllm") == []
+    assert feed(runtime, "pods", system) == []
+    assert runtime.reconciler.unconfigured.pods("vllm") == []
 
 
 def test_audit_policies_report_nothing_since_the_webhook_changes_no_env_under_them() -> None:
@@ -233,7 +235,7 @@ def test_pods_gone_in_a_relist_without_a_delete_event_are_uncounted_and_their_po
     store, tracker = tracker_over(2, clock, marked)
     tracker.sweep()
     marked.clear()
-    store.replace_all("pods", [body("p1")])  # the informer's relist after a watch gap
+    store.replace_all(kinds.PODS, [body("p1")])  # the informer's relist after a watch gap
     tracker.refresh()
     assert marked == [], "not checked again before the interval"
     clock.now = 31.0
@@ -265,20 +267,20 @@ def test_a_pod_event_during_a_sweep_is_applied_after_it() -> None:
 
 
 def test_a_late_delete_of_an_old_pod_keeps_its_namesake_counted(runtime: Runtime) -> None:
-    runtime.on_policy(policy_body("vllm"))
+    feed(runtime, "policies", policy_body("vllm"))
     old = body("web-0")
-    runtime.on_pod({**old, "metadata": {**old["metadata"], "uid": "uid-new"}})
-    runtime.on_pod(old, deleted=True)  # the previous pod of that name, reported late
-    assert runtime.unconfigured.pods("vllm") == ["ml/web-0"]
+    feed(runtime, "pods", {**old, "metadata": {**old["metadata"], "uid": "uid-new"}})
+    feed(runtime, "pods", old, deleted=True)  # the previous pod of that name, reported late
+    assert runtime.reconciler.unconfigured.pods("vllm") == ["ml/web-0"]
 
 
 def test_a_namespace_that_stops_matching_clears_its_pods(runtime: Runtime) -> None:
-    runtime.on_policy(policy_body("vllm"))
-    runtime.on_pod(body("a"))
-    runtime.on_namespace({"metadata": {"name": "ml", "labels": {**NS, contract.NAMESPACE_IGNORE_LABEL: "true"}}})
-    assert runtime.unconfigured.pods("vllm") == []
-    events = runtime.on_namespace({"metadata": {"name": "ml", "labels": NS}})
-    assert runtime.unconfigured.pods("vllm") == ["ml/a"]
+    feed(runtime, "policies", policy_body("vllm"))
+    feed(runtime, "pods", body("a"))
+    feed(runtime, "namespaces", {"metadata": {"name": "ml", "labels": {**NS, contract.NAMESPACE_IGNORE_LABEL: "true"}}})
+    assert runtime.reconciler.unconfigured.pods("vllm") == []
+    events = feed(runtime, "namespaces", {"metadata": {"name": "ml", "labels": NS}})
+    assert runtime.reconciler.unconfigured.pods("vllm") == ["ml/a"]
     assert events == [], "the pod was warned once already"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from fiar_operator.admission import server
+from fiar_operator.admission import transport
 from fiar_operator.core import settings
 from fiar_operator.reconcile import webhookconfig
 
@@ -24,12 +24,12 @@ def test_the_webhooks_wait_the_api_servers_minimum_by_default() -> None:
 
 def test_a_stuck_review_is_answered_before_the_shortest_timeout_with_time_to_spare() -> None:
     margin = 0.3  # the API server's connection, the transfer, the wait for the event loop
-    assert server.WORK_DEADLINE + margin <= min(1, webhookconfig.TIMEOUT_SECONDS)
-    assert server.Bounds().work_deadline == server.WORK_DEADLINE
+    assert transport.WORK_DEADLINE + margin <= min(1, webhookconfig.TIMEOUT_SECONDS)
+    assert transport.Bounds().work_deadline == transport.WORK_DEADLINE
 
 
 def test_the_binding_webhooks_read_ends_inside_the_review_deadline() -> None:
-    assert settings.MAX_READ_TIMEOUT + 0.1 <= server.WORK_DEADLINE
+    assert settings.MAX_READ_TIMEOUT + 0.1 <= transport.WORK_DEADLINE
     assert settings.Settings().read_timeout <= settings.MAX_READ_TIMEOUT
     schema = json.loads((CHART / "values.schema.json").read_text())
     read = schema["properties"]["operator"]["properties"]["readTimeoutSeconds"]

@@ -18,6 +18,7 @@ from fiar_operator.admission.review import Admission
 from fiar_operator.admission.server import Server
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.settings import Settings
+from fiar_operator.state import kinds
 from fiar_operator.state.store import Store
 
 
@@ -80,7 +81,7 @@ def test_readiness_waits_for_every_index_and_metrics_are_exposed(served: tuple[S
     plain.request("GET", "/readyz")
     response = plain.getresponse()
     assert response.status == 503 and b"nodes" in response.read()
-    for kind in ("nodes", "namespaces", "policies", "pods"):
+    for kind in kinds.WATCHED:
         store.replace_all(kind, [])
     plain.request("GET", "/readyz")
     response = plain.getresponse()

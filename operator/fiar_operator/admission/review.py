@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -21,6 +20,7 @@ from typing import Any, Final
 import fiar_contract as contract
 from fiar_operator.admission import mutation
 from fiar_operator.core import decide, limits, patches
+from fiar_operator.core.decide import utc_now
 from fiar_operator.core.errors import OverBudget, ReviewError
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.names import is_namespace_name, is_object, is_pod_name
@@ -89,10 +89,6 @@ def respond(review: Review, ops: list[patches.Op] | None = None, warnings: list[
     if warnings:
         response["warnings"] = [f"fiar: {w}"[:MAX_WARNING_LENGTH] for w in warnings[:MAX_WARNINGS]]
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class Admission:

@@ -29,6 +29,7 @@ raises ``OverBudget`` past the budget (the webhook then allows the pod unchanged
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -64,6 +65,11 @@ OFF_BY_FAILING_MNNVL: Final[OffBy] = "failing-mnnvl-workspace"
 VERIFIED_REASON: Final = "Verified"
 MAX_DECISION_LENGTH: Final = 4096
 """Longest fiar.io/decision annotation that is parsed; the operator writes about 200 characters."""
+
+
+def utc_now() -> str:
+    """The time a decision is taken, as its annotation records it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass(frozen=True)

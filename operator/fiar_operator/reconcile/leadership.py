@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from fiar_operator.core.errors import ApiError, NotFound
+from fiar_operator.core.errors import ApiError, Conflict, NotFound
 from fiar_operator.state.kube import Kube
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,19 @@ class Leadership:
         self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
 
     def start(self) -> None:
+        """Create the peering object if none exists yet, then poll it."""
+        self.ensure_peering()
         self._thread.start()
+
+    def ensure_peering(self) -> None:
+        """Create the ClusterKopfPeering object the replicas share (kopf only patches an existing one)."""
+        body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": self.name}}
+        try:
+            self.kube.call("POST", PEERINGS, body=body)
+        except NotFound:
+            log.warning("kopf's ClusterKopfPeering CRD is not installed: every replica reconciles")
+        except Conflict:
+            pass  # another replica created it
 
     def check(self) -> bool:
         try:

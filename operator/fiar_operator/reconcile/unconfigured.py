@@ -52,8 +52,8 @@ class Unconfigured:
         self.store, self.excluded, self.mark, self.clock = store, excluded, mark, clock
         self.limit = limit if limit is not None else TokenBucket(EVENT_BURST, EVENTS_PER_SECOND)
         self._lock = threading.RLock()
-        """kopf runs handlers in a thread pool; the status writer reads from its own thread. Every
-        change below happens under it, a sweep included, so no pod event interleaves with one."""
+        """The reconciler changes, the status writer reads from its own thread. Every change below
+        happens under it, a sweep included, so no pod event interleaves with one."""
         self._pods: dict[str, dict[Key, str]] = {}
         """Policy name -> unconfigured pods it selects (key -> uid)."""
         self._warned: set[str] = set()

@@ -39,7 +39,7 @@ def configuration(kubeconfig: str | None = None) -> Any:
 
 
 PAGE: Final = 500
-"""Objects per page of a list (the informers' and kopf's)."""
+"""Objects per page of an informer's list."""
 
 
 class Listing:

@@ -1,11 +1,11 @@
 """The operator's in-memory indexes: nodes, namespaces, policies, pods, and the admission memo.
 
-Informer threads and kopf handlers write; the webhooks only read. Writers hold one lock; readers
+Informer threads write (and the reconciler, the pods it patched); the webhooks only read. Writers hold one lock; readers
 take single dict lookups (atomic in CPython) or copies made under the lock, so a webhook never
 waits on a writer for long and never calls the API server for an object the indexes know.
 
-Objects can arrive from several sources (a watch, kopf's own watch, a bounded read); an update
-whose resourceVersion is older than the stored one is ignored.
+An object can arrive twice (its watch event, and the answer to the reconciler's own PATCH); an
+update whose resourceVersion is older than the stored one is ignored.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from fiar_operator.core import policy as policies
 from fiar_operator.core.errors import PolicyError
 from fiar_operator.core.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
+
+if TYPE_CHECKING:
+    from fiar_operator.state.kinds import WatchedKind
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +139,11 @@ class Store:
             self.nodes[name] = labels
             self._node_versions[name] = version
 
+    def count_node_change(self) -> None:
+        """Mark the node labels changed (a re-list of the nodes)."""
+        with self._lock:
+            self.node_changes += 1
+
     def delete_node(self, name: str) -> None:
         with self._lock:
             if self.nodes.pop(name, None) is not None:
@@ -150,7 +158,7 @@ class Store:
             return
         with self._lock:
             if not _newer(version, self._namespace_versions.get(name, "")):
-                return  # older than what is indexed (kopf and the informer deliver independently)
+                return  # older than what is indexed
             self.namespaces[name] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
             self._namespace_versions[name] = version
 
@@ -167,7 +175,7 @@ class Store:
         with self._lock:
             old = self.policy_objects.get(name)
             if old is not None and not _newer(_version(obj), _version(old)):
-                return  # an event older than what is indexed (kopf and the informer deliver independently)
+                return  # older than what is indexed (a status the reconciler wrote, then its watch event)
             self.policy_objects[name] = obj
             try:
                 self.policies[name] = policies.parse_policy(obj)
@@ -217,7 +225,7 @@ class Store:
                 if not index[key]:
                     del index[key]
 
-    def replace_all(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+    def replace_all(self, kind: WatchedKind, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every object of a kind after a (re-)list, then mark the kind synced.
 
         The new indexes are built aside and swapped in at once: a webhook never sees a half-filled one.
@@ -226,29 +234,16 @@ class Store:
         ``objects`` itself (the list failed) propagates and leaves the indexes as they were.
         """
         fresh = Store(self._clock)
-        put = {
-            "nodes": fresh.put_node,
-            "namespaces": fresh.put_namespace,
-            "policies": fresh.put_policy,
-            "pods": fresh.put_pod,
-        }[kind]
         for obj in objects:
             try:
-                put(obj)
+                kind.put(fresh, obj)
             except Exception:
-                log.exception("%s: %s left out of the index", kind, describe(obj))
+                log.exception("%s: %s left out of the index", kind.name, describe(obj))
         with self._lock:
-            if kind == "nodes":
-                self.nodes, self._node_versions = fresh.nodes, fresh._node_versions
-                self.node_changes += 1
-            elif kind == "namespaces":
-                self.namespaces, self._namespace_versions = fresh.namespaces, fresh._namespace_versions
-            elif kind == "policies":
-                self.policies, self.policy_objects = fresh.policies, fresh.policy_objects
-                self.policy_errors = fresh.policy_errors
-            else:
-                self.pods, self.by_node, self.by_policy = fresh.pods, fresh.by_node, fresh.by_policy
-            self.synced[kind] = True
+            for index in kind.indexes:
+                setattr(self, index, getattr(fresh, index))
+            kind.relisted(self)
+            self.synced[kind.name] = True
 
     def all_pods(self) -> list[PodRecord]:
         with self._lock:
