@@ -7,7 +7,7 @@ and each GPU generation, this script
 
 1. lets fiar's pod webhook mutate the container (``plan_pod_create``) and its binding decision
    annotate the pod (``decide`` + ``Decision.annotations``), exactly as the operator does;
-2. resolves env and ``$(VAR)`` as the kubelet does (``commands.container_process``), then runs shell
+2. resolves env and ``$(VAR)`` as the kubelet does (``devcluster.kubelet.container_process``), then runs shell
    forms through a real bash with a stand-in ``python3`` that records its argv;
 3. feeds those arguments, in a throwaway venv per SGLang version, to SGLang's own
    ``prepare_server_args`` (``sglang serve``: after its positional model path is normalized, as
@@ -45,9 +45,9 @@ from typing import Any
 import vllm_parser_check
 
 import fiar_contract as contract
+from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import decide, patches
-from fiar_operator.core.commands import container_process
 from fiar_operator.core.decide import GroupPlan
 from fiar_operator.core.policy import parse_policy
 from fiar_operator.core.selectors import node_constraint

@@ -7,7 +7,7 @@ JSON and dotted ``--compilation-config``) and each node verdict, this script
 
 1. lets fiar's pod webhook mutate the container (``plan_pod_create``) and its binding decision
    annotate the pod (``decide`` + ``Decision.annotations``), exactly as the operator does;
-2. resolves env and ``$(VAR)`` as the kubelet does (``commands.container_process``), then runs shell
+2. resolves env and ``$(VAR)`` as the kubelet does (``devcluster.kubelet.container_process``), then runs shell
    forms through a real ``sh``/``bash`` with a stand-in ``vllm`` executable that records its argv, so
    word splitting, ``eval`` and ``$@`` are the shell's own;
 3. feeds that argv and env, in a throwaway venv per vLLM version, to vLLM's own parser
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
+from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import decide, patches
-from fiar_operator.core.commands import container_process
 from fiar_operator.core.policy import parse_policy
 
 VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0")

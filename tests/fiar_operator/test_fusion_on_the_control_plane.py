@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
-from fiar_operator.core.commands import container_process
+from devcluster.kubelet import container_process
 
 pytestmark = pytest.mark.controlplane
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import patches, releases
-from fiar_operator.core.commands import container_process
 from fiar_operator.core.decide import GroupPlan, decide, pending
 from fiar_operator.core.pods import pod_record, vllm_release
 from fiar_operator.core.selectors import ANYWHERE

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
 from fiar_operator.core import patches
-from fiar_operator.core.commands import SGLANG_TOKEN, container_process, plan_command
+from fiar_operator.core.commands import SGLANG_TOKEN, plan_command
 from fiar_operator.core.decide import Decision, GroupPlan, decide, pending
 from fiar_operator.core.pods import pod_record
 from fiar_operator.core.policy import Policy, parse_policy
