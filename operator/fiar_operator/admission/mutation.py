@@ -19,10 +19,13 @@ from fiar_operator.core import affinity, commands, decide, nodefacts, patches
 from fiar_operator.core.limits import Budget
 from fiar_operator.core.pods import (
     INJECTED,
+    PodRecord,
     annotations_read,
     field_path,
     group_plan,
     is_injected,
+    lws_size,
+    multi_pod,
     pod_record,
     vllm_release,
 )
@@ -66,6 +69,9 @@ class PodPlan:
     decision: decide.Decision | None = None
     pod: Mapping[str, Any] = field(default_factory=dict)
     """The pod as it will be stored (the input with ``ops`` applied)."""
+    record: PodRecord | None = None
+    """``pod``'s record as far as a decision reads it (no command parsed), built once per review:
+    what the binding memo keeps. None where no policy configures the pod."""
 
     @property
     def managed(self) -> bool:
@@ -313,26 +319,28 @@ def plan_pod_create(
         warnings.append(f"policy {policy.name} matches this pod but selects none of its containers")
         return PodPlan(policy, warnings=warnings, pod=pod)
 
-    group = group_plan(pod_record(pod), policy)
+    placement_warnings: list[str] = []
+    rest = _placement_ops(policy, pod, multi_pod(policy, lws_size(pod)), placement_warnings)
+    rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
+    ops += rest
+    after = patches.applied(work, rest)  # ``work`` already holds the containers' ops
+    record = pod_record(after, commands=False)  # the pod as stored: its group, decision and memo
+    group = group_plan(record, policy)
     if group.multi and nodefacts.MULTI_NODE_BACKEND not in policy.backends:
         warnings.append(f"multi-pod group: trtllm is invalid across pods; it gets {policy.fallback}")
     elif group.multi and policy.placement == "Anywhere" and policy.mode == "Enforce":
         warnings.append("multi-pod group, placement Anywhere: mnnvl only if all candidate nodes share one clique")
     if group.multi and nodefacts.MULTI_NODE_BACKEND in policy.backends and not group.imex and policy.mode == "Enforce":
         warnings.append("multi-pod group without an IMEX channel claim: no mnnvl, fusion off (see imexChannelClaims)")
-    rest = _placement_ops(policy, pod, group.multi, warnings)
-    rest += patches.set_map_entries(pod, ("metadata", "labels"), {contract.LABEL_POD_POLICY: policy.name})
-    ops += rest
-    after = patches.applied(work, rest)  # ``work`` already holds the containers' ops
+    warnings += placement_warnings
 
     node = spec.get("nodeName")
     if node:
-        record = pod_record(after)
         decision = decide.decide(
             policy,
             str(node),
             nodes.get(str(node)),
-            group_plan(record, policy),
+            group,
             nodes,
             trigger="create",
             budget=budget,
@@ -344,4 +352,4 @@ def plan_pod_create(
         decision = decide.pending(policy)
     meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), decision.annotations())
     after = patches.applied(after, meta_ops)
-    return PodPlan(policy, ops + meta_ops, warnings, decision, after)
+    return PodPlan(policy, ops + meta_ops, warnings, decision, after, record)

@@ -194,7 +194,7 @@ class Admission:
             return self._unmanaged(review, pod, "unmanaged")
         plan = mutation.plan_pod_create(pod, select_policy(policies, ns_labels, pod_labels), self.store.nodes, budget)
         if not review.dry_run:
-            record = pod_record(plan.pod, commands=False)
+            record = plan.record if plan.record is not None else pod_record(plan.pod, commands=False)
             if not record.namespace:
                 record = dataclasses.replace(record, namespace=namespace)
             record = dataclasses.replace(record, policy=plan.policy.name if plan.managed and plan.policy else None)

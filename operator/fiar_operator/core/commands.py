@@ -58,7 +58,7 @@ import os.path
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import fiar_contract as contract
 
@@ -125,6 +125,43 @@ class CommandPlan:
         return self.form is not None
 
 
+class EnvValue(NamedTuple):
+    """A container's variable as its env list sets it."""
+
+    present: bool
+    value: str | None
+    """Its plain value; None when it comes from valueFrom (or is absent)."""
+
+
+class Merged(NamedTuple):
+    """A user's JSON compilation config with fiar's reference merged in."""
+
+    json: str | None
+    """The merged JSON; None: not merged (``explicit``, or a ``problem``)."""
+    explicit: bool = False
+    """It sets pass_config.fuse_allreduce_rms itself, kept under respectExplicitFusion."""
+    problem: str = ""
+
+
+class Edit(NamedTuple):
+    """An engine's arguments with fiar's reference in them."""
+
+    tokens: list[str] | None
+    """The new arguments; None: left as they were (``explicit``, or a ``problem``)."""
+    explicit: bool = False
+    """The user sets the fusion itself, kept under respectExplicitFusion."""
+    problem: str = ""
+    append: bool = False
+    """vLLM: the caller appends the dotted flag (no JSON config to merge it into)."""
+
+
+class Split(NamedTuple):
+    """A new argv as the container's command and args; each None when unchanged."""
+
+    command: tuple[str, ...] | None
+    args: tuple[str, ...] | None
+
+
 def _strings(value: Any) -> list[str] | None:
     if value is None:
         return []
@@ -133,13 +170,12 @@ def _strings(value: Any) -> list[str] | None:
     return None
 
 
-def _env_value(env: Any, name: str) -> tuple[bool, str | None]:
-    """(present, plain value) of a variable; value None when it comes from valueFrom."""
+def _env_value(env: Any, name: str) -> EnvValue:
     for entry in env if isinstance(env, list) else []:
         if isinstance(entry, Mapping) and entry.get("name") == name:
             value = entry.get("value")
-            return True, (str(value) if value is not None and not entry.get("valueFrom") else None)
-    return False, None
+            return EnvValue(True, str(value) if value is not None and not entry.get("valueFrom") else None)
+    return EnvValue(False, None)
 
 
 def _image_repository(image: str) -> str:
@@ -214,70 +250,68 @@ def _scan(tokens: Sequence[str]) -> _Scan:
     return _Scan(json_at, inline, tuple(dotted), tuple(fuse), explicit=bool(fuse) or whole)
 
 
-def _merge(raw: str, respect: bool) -> tuple[str | None, bool, str]:
-    """(merged JSON, explicit, problem) for a user's JSON compilation config."""
+def _merge(raw: str, respect: bool) -> Merged:
+    """A user's JSON compilation config with the fusion reference merged in."""
     if len(raw) > MAX_JSON:
-        return None, False, f"its JSON {CC_LONG} is over {MAX_JSON} characters"
+        return Merged(None, problem=f"its JSON {CC_LONG} is over {MAX_JSON} characters")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
-        return None, False, f"its {CC_LONG} is not JSON"
+        return Merged(None, problem=f"its {CC_LONG} is not JSON")
     if not isinstance(doc, dict):
-        return None, False, f"its {CC_LONG} is not a JSON object"
+        return Merged(None, problem=f"its {CC_LONG} is not a JSON object")
     pass_config = doc.get("pass_config", {})
     if not isinstance(pass_config, dict):
-        return None, False, f"its {CC_LONG} has a pass_config that is not an object"
+        return Merged(None, problem=f"its {CC_LONG} has a pass_config that is not an object")
     if FUSE_KEY in pass_config and respect:
-        return None, True, ""
+        return Merged(None, explicit=True)
     plain = json.dumps(doc, ensure_ascii=False)
     if json.dumps(_SENTINEL) in plain:
-        return None, False, f"its {CC_LONG} holds fiar's marker text"
+        return Merged(None, problem=f"its {CC_LONG} holds fiar's marker text")
     if "$(" in plain:
         # Written out again, an escaped ``\u0024(VAR)`` would become ``$(VAR)``, which the kubelet
         # expands (a Secret's value in argv and in vLLM's logged arguments).
-        return None, False, f"its {CC_LONG} holds '$(' once decoded, which the kubelet would expand"
+        return Merged(None, problem=f"its {CC_LONG} holds '$(' once decoded, which the kubelet would expand")
     rest = {k: v for k, v in pass_config.items() if k != FUSE_KEY}
     merged = {**doc, "pass_config": {**rest, FUSE_KEY: _SENTINEL}}
     text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
-    return text.replace(json.dumps(_SENTINEL), REF_FUSE), False, ""
+    return Merged(text.replace(json.dumps(_SENTINEL), REF_FUSE))
 
 
-def _edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str, bool]:
-    """(new vLLM tokens or None, explicit, problem, needs the dotted flag appended) for vLLM's arguments.
-
-    A JSON config is merged in place; otherwise the caller appends DOTTED_FLAG (or its equivalent).
-    """
+def _edit(tokens: list[str], respect: bool) -> Edit:
+    """vLLM's arguments with the fusion reference: a JSON config is merged in place; otherwise the
+    caller appends DOTTED_FLAG or its equivalent (``append``)."""
     scan = _scan(tokens)
     if scan.problem:
-        return None, False, scan.problem, False
+        return Edit(None, problem=scan.problem)
     if scan.dotted:
         if scan.explicit and respect:
-            return None, True, "", False
+            return Edit(None, explicit=True)
         # Dotted flags merge in order, so the appended one wins over a whole -cc.pass_config JSON.
         drop = set(scan.dotted_fuse)
-        return [t for i, t in enumerate(tokens) if i not in drop], False, "", True
+        return Edit([t for i, t in enumerate(tokens) if i not in drop], append=True)
     if scan.json_at is not None:
         token = tokens[scan.json_at]
         prefix, raw = (token.split("=", 1)[0] + "=", token.split("=", 1)[1]) if scan.json_inline else ("", token)
-        merged, explicit, problem = _merge(raw, respect)
-        if merged is None:
-            return None, explicit, problem, False
+        merged = _merge(raw, respect)
+        if merged.json is None:
+            return Edit(None, merged.explicit, merged.problem)
         out = list(tokens)
-        out[scan.json_at] = prefix + merged
-        return out, False, "", False
-    return list(tokens), False, "", True
+        out[scan.json_at] = prefix + merged.json
+        return Edit(out)
+    return Edit(list(tokens), append=True)
 
 
 def _has_reference(texts: Sequence[str]) -> bool:
     return any(REF_FUSE in t or REF_ARGS in t for t in texts)
 
 
-def _vllm_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str]:
+def _vllm_edit(tokens: list[str], respect: bool) -> Edit:
     """vLLM's arguments with the fusion reference (merged into a JSON config, or the dotted flag appended)."""
-    edited, explicit, problem, append = _edit(tokens, respect)
-    if edited is None:
-        return None, explicit, problem
-    return edited + ([DOTTED_FLAG] if append else []), False, ""
+    edited = _edit(tokens, respect)
+    if edited.tokens is None:
+        return edited
+    return Edit(edited.tokens + ([DOTTED_FLAG] if edited.append else []))
 
 
 # -- SGLang -------------------------------------------------------------------------------------------
@@ -296,7 +330,7 @@ _SGLANG_FUSION_FLAGS: Final = (SGLANG_DISABLE, SGLANG_BACKEND, SGLANG_ENABLE)
 _SGLANG_ENTRY_AND_TOKEN = re.compile(r"(sglang\.launch_server|sglang serve)\s+" + re.escape(SHELL_REF_SGLANG))
 
 
-def _sglang_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bool, str]:
+def _sglang_edit(tokens: list[str], respect: bool) -> Edit:
     """SGLang's arguments with SGLANG_TOKEN before the user's options (theirs, after it, win over the
     default it may restate; after a leading model path, which ``sglang serve`` takes as positional);
     the user's own fusion options kept under ``respect``, else dropped.
@@ -312,35 +346,35 @@ def _sglang_edit(tokens: list[str], respect: bool) -> tuple[list[str] | None, bo
         token = tokens[i]
         name, eq, value = token.partition("=")
         if name == "--config":
-            return None, False, "--config: its YAML file may set SGLang's allreduce fusion"
+            return Edit(None, problem="--config: its YAML file may set SGLang's allreduce fusion")
         if name == "--":
-            return None, False, "a '--' separator among SGLang's arguments"
+            return Edit(None, problem="a '--' separator among SGLang's arguments")
         if name in _SGLANG_FUSION_FLAGS:
             own.append(i)
             if name == SGLANG_BACKEND:
                 if not eq:
                     if i + 1 >= len(tokens):
-                        return None, False, f"{token} without a value"
+                        return Edit(None, problem=f"{token} without a value")
                     i += 1
                     value = tokens[i]
                     own.append(i)
                 if value not in SGLANG_BACKENDS:
-                    return None, False, f"{SGLANG_BACKEND} {value!r} is not a backend SGLang knows"
+                    return Edit(None, problem=f"{SGLANG_BACKEND} {value!r} is not a backend SGLang knows")
                 backend = True
             elif name == SGLANG_DISABLE:
                 disable = True
             else:
                 backend = True
         elif name.startswith("--") and len(name) > 2 and any(f.startswith(name) for f in _SGLANG_FUSION_FLAGS):
-            return None, False, f"{token}: an abbreviation of an SGLang fusion option"
+            return Edit(None, problem=f"{token}: an abbreviation of an SGLang fusion option")
         i += 1
     if disable and backend:
-        return None, False, f"it sets both {SGLANG_DISABLE} and a backend"
+        return Edit(None, problem=f"it sets both {SGLANG_DISABLE} and a backend")
     if own and respect:
-        return None, True, ""
+        return Edit(None, explicit=True)
     kept = [t for j, t in enumerate(tokens) if j not in set(own)]
     at = 1 if kept[:1] and not kept[0].startswith("-") else 0  # `sglang serve MODEL`: the model stays first
-    return [*kept[:at], SGLANG_TOKEN, *kept[at:]], False, ""
+    return Edit([*kept[:at], SGLANG_TOKEN, *kept[at:]])
 
 
 # -- the engines --------------------------------------------------------------------------------------
@@ -384,8 +418,8 @@ class Engine:
     name: str
     label: str
     entries: tuple[Entry, ...]
-    edit: Callable[[list[str], bool], tuple[list[str] | None, bool, str]]
-    """(the engine's arguments with fiar's reference, or None; the user sets the fusion itself; problem)."""
+    edit: Callable[[list[str], bool], Edit]
+    """The engine's arguments with fiar's reference (respecting the user's own fusion setting or not)."""
     references: tuple[str, ...]
     """Texts in an exec command that mark a container fiar already changed."""
     shell_reference: re.Pattern[str]
@@ -534,39 +568,35 @@ def _shell(
 def _exec(engine: Engine, form: Form, command: list[str], args: list[str], start: int, respect: bool) -> CommandPlan:
     """An exec-form command whose engine arguments start at ``start`` of command + args."""
     argv = command + args
-    tokens, explicit, problem = engine.edit(argv[start:], respect)
-    if tokens is None:
-        return CommandPlan(None if not explicit else form, problem, explicit, engine=engine.name)
+    edited = engine.edit(argv[start:], respect)
+    if edited.tokens is None:
+        return CommandPlan(None if not edited.explicit else form, edited.problem, edited.explicit, engine=engine.name)
     if engine.name == "sglang":
-        new_command, new_args = _split_inserted(argv[:start], tokens, command, args)
+        split = _split_inserted(argv[:start], edited.tokens, command, args)
     else:
-        new_command, new_args = _split(argv[:start] + tokens, command, args)
-    return CommandPlan(form, command=new_command, args=new_args, engine=engine.name)
+        split = _split(argv[:start] + edited.tokens, command, args)
+    return CommandPlan(form, command=split.command, args=split.args, engine=engine.name)
 
 
-def _split_inserted(
-    head: list[str], tokens: list[str], command: list[str], args: list[str]
-) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+def _split_inserted(head: list[str], tokens: list[str], command: list[str], args: list[str]) -> Split:
     """As ``_split``, for ``tokens`` holding fiar's SGLANG_TOKEN: it is inserted into the command when
     its place is inside the command, else into args (the other tokens stay where they were)."""
     at = len(head) + tokens.index(SGLANG_TOKEN)
-    rest_command, rest_args = _split(head + [t for t in tokens if t != SGLANG_TOKEN], command, args)
-    new_command = list(rest_command if rest_command is not None else command)
-    new_args = list(rest_args if rest_args is not None else args)
+    rest = _split(head + [t for t in tokens if t != SGLANG_TOKEN], command, args)
+    new_command = list(rest.command if rest.command is not None else command)
+    new_args = list(rest.args if rest.args is not None else args)
     if at < len(new_command):
         new_command.insert(at, SGLANG_TOKEN)
     else:
         new_args.insert(at - len(new_command), SGLANG_TOKEN)
-    return (None if new_command == command else tuple(new_command)), (None if new_args == args else tuple(new_args))
+    return Split(None if new_command == command else tuple(new_command), None if new_args == args else tuple(new_args))
 
 
-def _split(
-    new: list[str], command: list[str], args: list[str]
-) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
-    """New argv as (command, args), each None when unchanged: command keeps its length, so an appended
-    flag lands in args (and a token merged or dropped stays where it was)."""
+def _split(new: list[str], command: list[str], args: list[str]) -> Split:
+    """New argv as command and args: command keeps its length, so an appended flag lands in args (and
+    a token merged or dropped stays where it was)."""
     head, tail = new[: len(command)], new[len(command) :]
-    return (None if head == command else tuple(head)), (None if tail == args else tuple(tail))
+    return Split(None if head == command else tuple(head), None if tail == args else tuple(tail))
 
 
 def _additional(
@@ -584,13 +614,13 @@ def _additional(
         return CommandPlan(None, f"its shell script runs eval elsewhere than on 'vllm serve' with {ADDITIONAL_ARGS}")
     argv = command + args
     start = 4 if len(argv) >= 4 else len(argv)  # [shell, -c, script, $0, $@...]
-    tokens, explicit, problem, append = _edit(argv[start:], respect)
-    if tokens is None:
-        return CommandPlan(None if not explicit else "additional-args", problem, explicit)
-    new_command, new_args = (None, None) if tokens == argv[start:] else _split(argv[:start] + tokens, command, args)
+    edited = _edit(argv[start:], respect)
+    if edited.tokens is None:
+        return CommandPlan(None if not edited.explicit else "additional-args", edited.problem, edited.explicit)
+    split = Split(None, None) if edited.tokens == argv[start:] else _split(argv[:start] + edited.tokens, command, args)
     # Under eval the shell parses VLLM_ADDITIONAL_ARGS as shell text: it gets the quoted shell reference,
     # so that the value is expanded once, as one argument. Without eval its text is only split into
     # words, and the kubelet's expansion is safe.
     ref = SHELL_REF_ARGS if evaluated else REF_ARGS
-    value = (f"{extra} {ref}".strip() if extra else ref) if append else None
-    return CommandPlan("additional-args", command=new_command, args=new_args, additional_args=value)
+    value = (f"{extra} {ref}".strip() if extra else ref) if edited.append else None
+    return CommandPlan("additional-args", command=split.command, args=split.args, additional_args=value)

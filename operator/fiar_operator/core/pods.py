@@ -278,10 +278,6 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     labels = _str_map(meta.get("labels"))
     annotations = _str_map(meta.get("annotations"))
     try:
-        lws_size = int(annotations.get(LWS_SIZE, "0"))
-    except ValueError:
-        lws_size = 0
-    try:
         constraint = node_constraint(spec)
         pinned = _pinned_backend(spec)
         clique_affinity = _clique_affinity(spec)
@@ -301,7 +297,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion") or ""),
         labels=labels,
-        lws_size=lws_size,
+        lws_size=_lws_size(annotations),
         backend=contract.pod_annotation_value(
             contract.ANNOTATION_POD_BACKEND, annotations.get(contract.ANNOTATION_POD_BACKEND)
         ),
@@ -332,12 +328,26 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     )
 
 
+def _lws_size(annotations: Mapping[str, str]) -> int:
+    try:
+        return int(annotations.get(LWS_SIZE, "0"))
+    except ValueError:
+        return 0
+
+
+def lws_size(pod: Mapping[str, Any]) -> int:
+    """The size of the LeaderWorkerSet group ``pod`` belongs to, by its annotation (0: none)."""
+    return _lws_size(_str_map((pod.get("metadata") or {}).get("annotations")))
+
+
+def multi_pod(policy: Policy, size: int) -> bool:
+    """Whether a pod of an LWS group of ``size`` is part of a multi-pod group under ``policy``."""
+    return policy.multi_node != "Never" and (policy.multi_node == "Always" or size > 1)
+
+
 def group_plan(record: PodRecord, policy: Policy) -> GroupPlan:
     """Whether the pod is part of a multi-pod group under ``policy``, and whether the group is pinned."""
-    if policy.multi_node == "Never":
-        return GroupPlan()
-    multi = policy.multi_node == "Always" or record.lws_size > 1
-    if not multi:
+    if not multi_pod(policy, record.lws_size):
         return GroupPlan()
     key = record.labels.get(policy.group_key_label)
     pinned = record.pinned_backend and key is not None and (policy.group_key_label, key) in record.clique_affinity
