@@ -190,7 +190,7 @@ def test_the_reconciler_beats_while_its_patches_go_out() -> None:
     pods = {("ml", f"vllm-{i}"): fallen_back_pod(i) for i in range(16)}
     client = TimedKube(pods)
     runtime = indexed(client)
-    runtime.heartbeats = beats = RecordedBeats()
+    runtime.reconciler.heartbeats = beats = RecordedBeats()
     runtime.reconciler.apply_all([change_of("nodes", "MODIFIED", VERIFIED)])
     assert len(client.annotated) == 16
     first_done = min(client.ended)
