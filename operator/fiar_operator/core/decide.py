@@ -110,14 +110,8 @@ class Decision:
     """FlashInfer allreduce paths still on although the fusion is off (no safe value for the release)."""
     release: str | None = None
     """The vLLM release the decision was made for (None: not known)."""
-    verified_backends: frozenset[contract.Backend] = frozenset()
-    """The allowed backends the node (or, for a group, the group) verifies: what SGLang's flag is read from."""
-    multi: bool = False
-    """The pod is one of a multi-pod group."""
-    multicast: str | None = None
-    """The node's fiar.io/multicast label (SGLang's flag reads it)."""
-    controlled: bool = True
-    """The policy's fusionControl is Enabled."""
+    sglang_flag: contract.SglangFlag = "off"
+    """The same decision as SGLang's option (``sglang.py``), taken with it."""
 
     @property
     def verified(self) -> bool:
@@ -141,13 +135,6 @@ class Decision:
             contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS[self.sglang_flag],
             contract.ANNOTATION_POD_DECISION: self.to_json(),
         }
-
-    @property
-    def sglang_flag(self) -> contract.SglangFlag:
-        """The same decision as SGLang's option (``sglang.py``)."""
-        if not self.controlled:
-            return "engine"
-        return sglang.sglang_flag(self.fusion, self.verified, self.verified_backends, self.multi, self.multicast)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {
@@ -220,7 +207,7 @@ def pending(policy: Policy) -> Decision:
         trigger="create",
         fusion=fusion(policy, "Pending"),
         guard=guard(policy, None),
-        controlled=policy.fusion_control != "Disabled",
+        sglang_flag=_sglang_flag(policy, fusion(policy, "Pending"), "Pending", frozenset(), multi=False),
     )
 
 
@@ -339,11 +326,30 @@ def decide(
         off_by=off_by,
         not_turned_off=not_turned_off,
         release=release,
-        verified_backends=_verified_backends(policy, facts, group, reason),
-        multi=group.multi,
-        multicast=(node_labels or {}).get(contract.LABEL_MULTICAST),
-        controlled=policy.fusion_control != "Disabled",
+        sglang_flag=_sglang_flag(
+            policy,
+            fusion_of,
+            reason,
+            _verified_backends(policy, facts, group, reason),
+            group.multi,
+            (node_labels or {}).get(contract.LABEL_MULTICAST),
+        ),
     )
+
+
+def _sglang_flag(
+    policy: Policy,
+    fusion_of: contract.Fusion,
+    reason: Reason,
+    verified: frozenset[contract.Backend],
+    multi: bool,
+    multicast: str | None = None,
+) -> contract.SglangFlag:
+    """SGLang's option for the decision: the engine's own choice under fusionControl Disabled (it
+    leaves vLLM's fusion on too), else ``sglang.sglang_flag``."""
+    if policy.fusion_control == "Disabled":
+        return "engine"
+    return sglang.sglang_flag(fusion_of, reason == VERIFIED_REASON, verified, multi, multicast)
 
 
 def _verified_backends(
