@@ -16,14 +16,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from fiar_operator.core import policy as policies
 from fiar_operator.core.errors import PolicyError
 from fiar_operator.core.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
-
-if TYPE_CHECKING:
-    from fiar_operator.state.kinds import WatchedKind
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +99,17 @@ def memo_size(record: PodRecord) -> int:
     strings += record.imex_claims
     strings += [s for pair in record.releases for s in pair]
     return ENTRY_OVERHEAD + sum(len(s) + 50 for s in strings)
+
+
+class Relisted(Protocol):
+    """What a re-list needs of its kind (a row of ``kinds.WATCHED``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def indexes(self) -> tuple[str, ...]: ...
+    def put(self, store: Store, obj: Mapping[str, Any], /) -> object: ...
+    def relisted(self, store: Store, /) -> object: ...
 
 
 class Store:
@@ -225,7 +233,7 @@ class Store:
                 if not index[key]:
                     del index[key]
 
-    def replace_all(self, kind: WatchedKind, objects: Iterable[Mapping[str, Any]]) -> None:
+    def replace_all(self, kind: Relisted, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every object of a kind after a (re-)list, then mark the kind synced.
 
         The new indexes are built aside and swapped in at once: a webhook never sees a half-filled one.
