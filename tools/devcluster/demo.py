@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
-from devcluster import build
+from devcluster import build, workloads
 from devcluster.cluster import ControlPlane, free_port
 from devcluster.waiting import wait_for as _wait
 
@@ -50,9 +50,9 @@ def start_agents(plane: ControlPlane, fixtures: list[Path]) -> None:
         node = node_name(fixture)
         plane.add_node(
             node,
-            labels={"nvidia.com/gpu.present": "true"},
+            labels=dict(workloads.GPU_PRESENT),
             capacity={"nvidia.com/gpu": str(max(gpu_count(fixture), 1))},
-            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+            taints=[dict(workloads.GPU_TAINT)],
         )
         port = free_port()
         plane.start_process(
@@ -109,40 +109,25 @@ def start_operator(plane: ControlPlane) -> None:
     _say(f"operator ready: webhooks on https://127.0.0.1:{webhook_port}, metrics on :{metrics_port}")
 
 
+VLLM = {"app.kubernetes.io/name": "vllm"}
+
+
 def vllm_deployment(replicas: int) -> dict[str, Any]:
     """The demo's Deployment of vLLM-like pods, one per GPU node (spread by hostname)."""
-    pod_spec = {
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "topologySpreadConstraints": [
-            {
-                "maxSkew": 1,
-                "topologyKey": "kubernetes.io/hostname",
-                "whenUnsatisfiable": "DoNotSchedule",
-                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-            }
-        ],
-        "nodeSelector": {"nvidia.com/gpu.present": "true"},
-        "containers": [
-            {
-                "name": "vllm",
-                "image": "vllm/vllm-openai:latest",
-                # The image's entrypoint is `vllm serve`: fiar appends the fusion flag to these args.
-                "args": ["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            }
-        ],
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "llama"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-            "template": {"metadata": {"labels": {"app.kubernetes.io/name": "vllm"}}, "spec": pod_spec},
-        },
-    }
-    return deployment
+    vllm = workloads.container(
+        image="vllm/vllm-openai:latest",
+        # The image's entrypoint is `vllm serve`: fiar appends the fusion flag to these args.
+        args=["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "1"],
+        resources={"limits": {"nvidia.com/gpu": "1"}},
+    )
+    return workloads.vllm_deployment(
+        replicas,
+        vllm,
+        name="llama",
+        labels=VLLM,
+        node_selector=workloads.GPU_PRESENT,
+        tolerations=[workloads.GPU_TOLERATION],
+    )
 
 
 def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
@@ -155,16 +140,12 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
             "fiar.io",
             "v1alpha1",
             "fiallreducepolicies",
-            {
-                "apiVersion": "fiar.io/v1alpha1",
-                "kind": "FiAllreducePolicy",
-                "metadata": {"name": "vllm"},
-                "spec": {
-                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}},
-                    "backends": list(contract.BACKENDS),
-                    "fallbackBackend": "auto",
-                },
-            },
+            workloads.policy(
+                "vllm",
+                podSelector={"matchLabels": dict(VLLM)},
+                backends=list(contract.BACKENDS),
+                fallbackBackend="auto",
+            ),
         )
         plane.create_namespace(NAMESPACE)
         deployment = vllm_deployment(replicas)
@@ -174,7 +155,7 @@ def deploy_vllm(plane: ControlPlane, replicas: int) -> None:
         probe = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"generateName": "probe-", "labels": {"app.kubernetes.io/name": "vllm"}},
+            "metadata": {"generateName": "probe-", "labels": dict(VLLM)},
             "spec": pod_spec,
         }
         core = client.CoreV1Api(api)
@@ -210,35 +191,26 @@ def deploy_sglang(plane: ControlPlane, replicas: int) -> None:
             "fiar.io",
             "v1alpha1",
             "fiallreducepolicies",
-            {
-                "apiVersion": "fiar.io/v1alpha1",
-                "kind": "FiAllreducePolicy",
-                "metadata": {"name": SGLANG_APP},
-                "spec": {"podSelector": {"matchLabels": labels}},
-            },
+            workloads.policy(SGLANG_APP, podSelector={"matchLabels": labels}),
         )
-        pod_spec = {
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "topologySpreadConstraints": [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "ScheduleAnyway",
-                    "labelSelector": {"matchLabels": labels},
-                }
-            ],
-            "nodeSelector": {"nvidia.com/gpu.present": "true"},
-            "containers": [
-                {
-                    "name": "sglang",
-                    "image": "lmsysorg/sglang:latest",
-                    # fiar inserts its SGLang option right after the module, before these args.
-                    "command": SGLANG_COMMAND,
-                    "args": SGLANG_ARGS,
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
-        }
+        sglang = workloads.container(
+            "sglang",
+            "lmsysorg/sglang:latest",
+            # fiar inserts its SGLang option right after the module, before these args.
+            command=SGLANG_COMMAND,
+            args=SGLANG_ARGS,
+            resources={"limits": {"nvidia.com/gpu": "1"}},
+        )
+        deployment = workloads.sglang_deployment(
+            replicas,
+            sglang,
+            name="qwen-moe",
+            labels=labels,
+            node_selector=workloads.GPU_PRESENT,
+            spread="ScheduleAnyway",
+            tolerations=[workloads.GPU_TOLERATION],
+        )
+        pod_spec = deployment["spec"]["template"]["spec"]
         probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-", "labels": labels}}
         core = client.CoreV1Api(api)
         _wait(
@@ -252,16 +224,6 @@ def deploy_sglang(plane: ControlPlane, replicas: int) -> None:
             30,
             "the SGLang policy in force",
         )
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "qwen-moe"},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-            },
-        }
         client.AppsV1Api(api).create_namespaced_deployment(NAMESPACE, deployment)
 
         def running() -> list[Any] | None:

@@ -37,7 +37,7 @@ from devcluster.waiting import wait_for
 
 pytestmark = pytest.mark.controlplane
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
 NS = "inference"
 VLLM = {"app.kubernetes.io/name": "vllm"}

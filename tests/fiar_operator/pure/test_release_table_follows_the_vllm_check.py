@@ -12,7 +12,7 @@ import pytest
 
 from fiar_operator.core import releases
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "vllm-fi-ar-check" / "results.json"
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "vllm-fi-ar-check" / "results.json"
 CHECKED: dict[str, Any] = json.loads(RESULTS.read_text())["versions"]
 
 

@@ -9,37 +9,17 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster.workloads import pod
 from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
 from fiar_operator.core import patches
 from fiar_operator.core.decide import node_facts, verified_for
 from fiar_operator.core.pods import FIELD_PATH
-from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
+from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy
 from fiar_operator.core.selectors import node_constraint
 
+from .builders import policy
+
 BACKEND_KEY = contract.ANNOTATION_POD_BACKEND
-
-
-def policy(**spec: Any) -> Policy:
-    return parse_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, **spec}})
-
-
-def pod(
-    *containers: dict[str, Any],
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    **spec: Any,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"generateName": "vllm-", "namespace": "ml"}
-    if labels is not None:
-        meta["labels"] = labels
-    if annotations is not None:
-        meta["annotations"] = annotations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}], **spec},
-    }
 
 
 def mutated(source: dict[str, Any], chosen: Policy, nodes: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -24,18 +23,13 @@ from typing import Any
 
 import pytest
 
-from devcluster import pki
+from devcluster import workloads
 from devcluster.cluster import ControlPlane, free_port
 from devcluster.waiting import wait_for
 from fiar_operator import crd
-from fiar_operator.admission.review import Admission, Need, Review
-from fiar_operator.admission.server import Bounds, Server
 from fiar_operator.core.errors import ApiError
-from fiar_operator.core.metrics import Metrics
-from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import webhookconfig
-from fiar_operator.state import kinds, kube
-from fiar_operator.state.store import Store
+from fiar_operator.state import kube
 
 SESSION_LABEL = "fiar-operator-test"
 
@@ -164,12 +158,7 @@ class Operator:
 
     def wait_active(self, namespace: str) -> None:
         """Wait until the API server calls this operator's pod webhook for ``namespace``."""
-        probe = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"generateName": "probe-"},
-            "spec": {"containers": [{"name": "c", "image": "probe"}]},
-        }
+        probe = workloads.probe_pod()
 
         def called() -> bool:
             before = self.counter("fiar_admission_requests_total", webhook="pods")
@@ -257,8 +246,7 @@ class Kit:
         """Create a policy limited to ``namespace`` and wait until the operator has observed it."""
         spec.setdefault("podSelector", {"matchLabels": {"app": "vllm"}})
         spec.setdefault("namespaceSelector", {"matchLabels": {"kubernetes.io/metadata.name": namespace}})
-        body = {"apiVersion": "fiar.io/v1alpha1", "kind": "FiAllreducePolicy", "metadata": {"name": name}, "spec": spec}
-        created = self.kube.call("POST", kube.POLICIES, body=body)
+        created = self.kube.call("POST", kube.POLICIES, body=workloads.policy(name, **spec))
         self.policies.append(name)
         generation = created["metadata"]["generation"]
         wait_for(
@@ -281,16 +269,14 @@ class Kit:
         annotations: dict[str, str] | None = None,
         **spec: Any,
     ) -> dict[str, Any]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": labels or {"app": "vllm"}, "annotations": annotations or {}},
-            "spec": {
-                "containers": list(containers) or [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                "nodeSelector": {f"pool-{self.unique}": "gpu"},
-                **spec,
-            },
-        }
+        body = workloads.pod(
+            *containers,
+            name=name,
+            namespace=None,
+            labels=labels or {"app": "vllm"},
+            annotations=annotations or {},
+            **{"nodeSelector": {f"pool-{self.unique}": "gpu"}, **spec},
+        )
         created: dict[str, Any] = self.kube.call("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
         return created
 
@@ -357,36 +343,3 @@ def make_kit() -> Iterator[Callable[[ControlPlane, str], Kit]]:
     yield make
     for helper in made:
         helper.cleanup()
-
-
-class HeldAdmission(Admission):
-    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
-
-    def __init__(self, store: Store, metrics: Metrics) -> None:
-        super().__init__(store, metrics)
-        self.release = threading.Event()
-
-    def pod_create(
-        self, review: Review, fetched: Any = None, can_read: bool = True, budget: Any = None
-    ) -> dict[str, Any] | Need:
-        if review.uid == "held":
-            self.release.wait(10)
-        return super().pod_create(review, fetched, can_read, budget)
-
-
-def start_held_server(ca: pki.CertificateAuthority, workdir: Path, bounds: Bounds) -> tuple[Server, HeldAdmission]:
-    """A webhook server on loopback ports over empty, listed indexes, serving ``ca``'s certificate
-    (its CA in ``workdir/ca.crt``) with ``HeldAdmission``."""
-    crt, key = ca.issue("first", hosts=("127.0.0.1",)).write(workdir, "serving")
-    (workdir / "ca.crt").write_bytes(ca.cert_pem)
-    store = Store()
-    for kind in kinds.WATCHED:
-        store.replace_all(kind, [])
-    metrics = Metrics(store.sizes)
-    settings = Settings(
-        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
-    )
-    admission = HeldAdmission(store, metrics)
-    server = Server(admission, metrics, settings, None, lambda: store.synced, bounds)
-    server.start()
-    return server, admission

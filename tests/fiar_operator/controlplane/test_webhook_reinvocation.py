@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster import workloads
 from devcluster.webhooks import Review, WebhookServer, mutating_configuration
 from fiar_operator.core.errors import ApiError
 from fiar_operator.state import kube
@@ -47,12 +48,7 @@ def test_a_container_injected_after_fiar_gets_the_variable_once(
     operator: Any, kit: Any, namespace: str, injector: WebhookServer
 ) -> None:
     kit.policy(f"reinvoke-{kit.unique}", namespace, containers=["vllm*"])
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "probe-"},
-        "spec": {"containers": [{"name": "c", "image": "probe"}]},
-    }
+    probe = workloads.probe_pod()
 
     def injector_active() -> bool:
         answer = kit.kube.call("POST", f"/api/v1/namespaces/{namespace}/pods", {"dryRun": "All"}, body=probe)

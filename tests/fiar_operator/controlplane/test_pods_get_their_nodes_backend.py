@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster.workloads import container, vllm_deployment
 
 pytestmark = pytest.mark.controlplane
 
@@ -32,33 +33,12 @@ def test_deployment_pods_get_the_verdict_of_the_node_they_were_bound_to(
         kit.node(name, verdict)
     kit.policy(f"deploy-{kit.unique}", namespace)
     replicas = 9
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "vllm"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "template": {
-                "metadata": {"labels": {"app": "vllm"}},
-                "spec": {
-                    "nodeSelector": {f"pool-{kit.unique}": "gpu"},
-                    "topologySpreadConstraints": [
-                        {
-                            "maxSkew": 1,
-                            "topologyKey": "kubernetes.io/hostname",
-                            "whenUnsatisfiable": "DoNotSchedule",
-                            "labelSelector": {"matchLabels": {"app": "vllm"}},
-                        }
-                    ],
-                    "containers": [
-                        {"name": "vllm", "image": "vllm/vllm-openai:latest"},
-                        {"name": "sidecar", "image": "busybox"},
-                    ],
-                },
-            },
-        },
-    }
+    deployment = vllm_deployment(
+        replicas,
+        container(image="vllm/vllm-openai:latest"),
+        container("sidecar", "busybox"),
+        node_selector={f"pool-{kit.unique}": "gpu"},
+    )
     reads_before = operator.counter("fiar_binding_pod_lookups_total", source="read")
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
     pods = kit.running(namespace, replicas, "app=vllm", timeout=90)

@@ -21,7 +21,7 @@ import pytest
 from devcluster import pki
 from fiar_operator.admission.server import Bounds, Server
 
-from .conftest import start_held_server
+from .held_server import start_held_server
 
 SMALL = Bounds(max_body=64 * 1024, read_deadline=0.5, work_deadline=0.5, max_connections=6, idle_timeout=0.6)
 

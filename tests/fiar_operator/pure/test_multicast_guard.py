@@ -15,6 +15,7 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.kubelet import container_process
+from devcluster.workloads import pod
 from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import patches, releases
 from fiar_operator.core.decide import GroupPlan, decide, pending
@@ -23,8 +24,8 @@ from fiar_operator.core.selectors import ANYWHERE
 from fiar_operator.reconcile.rules import not_turned_off, policy_status, review_pod
 from node_agent import hardware
 from node_agent.probe import ProbeConfig, probe
-from tests.fiar_operator.test_fusion_commands import FORMS, mutated, pod, policy
-from tests.fiar_operator.test_sglang import FORMS as SGLANG_FORMS
+
+from .builders import FORMS, SGLANG_FORMS, mutated, policy
 
 GUARD = contract.MULTICAST_GUARD
 OFF = {g.env: g.off for g in GUARD}

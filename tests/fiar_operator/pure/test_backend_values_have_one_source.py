@@ -20,7 +20,7 @@ from fiar_operator.core.policy import DEFAULT, DEFAULT_BACKENDS, parse_policy
 from fiar_operator.core.selectors import node_constraint
 from fiar_operator.reconcile import rules as reconcile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "operator" / "fiar_operator" / "crds" / "fiallreducepolicies.yaml"
 CHART = ROOT / "charts" / "fiar"
 

@@ -15,114 +15,20 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.kubelet import container_process, expand
+from devcluster.workloads import pod
 from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
 from fiar_operator.core import patches
 from fiar_operator.core.commands import DOTTED_FLAG, plan_command
 from fiar_operator.core.decide import Decision
 from fiar_operator.core.pods import pod_record
-from fiar_operator.core.policy import Policy, parse_policy
 
-USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}, "note": "ünï ${HOME} $x"}
-
-FORMS: dict[str, dict[str, Any]] = {
-    "production-stack": {
-        "name": "vllm",
-        "image": "lmcache/vllm-openai:latest",
-        "command": ["/opt/venv/bin/vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "8000", "-O3"],
-        "args": ["--tensor-parallel-size", "2"],
-    },
-    "kserve-vllmserver": {
-        "name": "kserve-container",
-        "image": "kserve/vllmserver:latest",
-        "command": ["python", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": ["--port=8080", "--served-model-name=m", "--model=/mnt/models"],
-    },
-    "image-entrypoint": {
-        "name": "vllm",
-        "image": "docker.io/vllm/vllm-openai:v0.33.0",
-        "args": ["--model", "m", "--tensor-parallel-size", "8"],
-    },
-    "llmisvc-additional-args": {
-        "name": "main",
-        "image": "ghcr.io/llm-d/llm-d:v0.4",
-        "command": [
-            "/bin/bash",
-            "-c",
-            'eval "exec vllm serve /mnt/models --port 8000 ${VLLM_ADDITIONAL_ARGS} $@"',
-            "--",
-        ],
-        "args": ["--max-model-len=4096"],
-        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--enable-prefix-caching"}],
-    },
-    "lws-shell-placeholder": {
-        "name": "vllm-leader",
-        "image": "vllm/vllm-openai:latest",
-        "command": ["sh", "-c", "vllm serve m --tensor-parallel-size 8 $(FIAR_VLLM_ARGS) && sleep 1"],
-    },
-    "shell-quoted-placeholder": {
-        "name": "vllm-leader",
-        "image": "vllm/vllm-openai:latest",
-        "command": ["bash", "-c", 'vllm serve m --tensor-parallel-size 8 "${FIAR_VLLM_ARGS}" && sleep 1'],
-    },
-    "user-json": {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:latest",
-        "command": ["vllm", "serve", "m", "--compilation-config", json.dumps(USER_JSON), "--port", "8000"],
-    },
-    "user-json-inline-in-args": {
-        "name": "kserve-container",
-        "image": "kserve/vllmserver:latest",
-        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": ["--model=/mnt/models", f"--compilation_config={json.dumps(USER_JSON)}"],
-    },
-    "user-dotted": {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:latest",
-        "command": [
-            "vllm",
-            "serve",
-            "m",
-            "-cc.cudagraph_mode=FULL",
-            "--compilation-config.max_cudagraph_capture_size",
-            "64",
-        ],
-    },
-    "user-json-in-shell-placeholder": {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:latest",
-        "command": ["/bin/sh", "-c"],
-        "args": [
-            "exec vllm serve m --compilation-config "
-            """'{"pass_config":{"fuse_allreduce_rms":$(FIAR_FUSE_ALLREDUCE_RMS)},"cudagraph_mode":"FULL"}'"""
-        ],
-    },
-}
+from .builders import FORMS, USER_JSON, mutated, policy
 
 USER_SETTINGS: dict[str, dict[str, Any]] = {
     "user-json": USER_JSON,
     "user-json-inline-in-args": USER_JSON,
     "user-dotted": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 64},
 }
-
-
-def policy(**spec: Any) -> Policy:
-    return parse_policy({"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, **spec}})
-
-
-def pod(container: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "vllm-", "namespace": "ml"},
-        "spec": {"containers": [copy.deepcopy(container)]},
-    }
-
-
-def mutated(source: dict[str, Any], chosen: Policy | None = None) -> tuple[dict[str, Any], list[str]]:
-    plan = plan_pod_create(source, chosen or policy(), {})
-    out: dict[str, Any] = patches.apply(copy.deepcopy(source), plan.ops)
-    assert out == plan.pod
-    return out, plan.warnings
 
 
 def bound(out: dict[str, Any], fusion: str, backend: str = "trtllm") -> dict[str, Any]:

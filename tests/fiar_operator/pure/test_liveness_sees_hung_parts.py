@@ -21,7 +21,7 @@ from devcluster.waiting import wait_for
 from fiar_operator.admission.server import Bounds, Server, _Progress
 from fiar_operator.core.liveness import Heartbeats
 
-from .conftest import HeldAdmission, start_held_server
+from .held_server import HeldAdmission, start_held_server
 
 BOUNDS = Bounds(workers=1, work_deadline=0.3, pool_stall=0.5)
 

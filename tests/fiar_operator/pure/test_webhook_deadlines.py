@@ -11,7 +11,7 @@ from fiar_operator.admission import transport
 from fiar_operator.core import settings
 from fiar_operator.reconcile import webhookconfig
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "fiar"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "fiar"
 
 
 def test_the_webhooks_wait_the_api_servers_minimum_by_default() -> None:

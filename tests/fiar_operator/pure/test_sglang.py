@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster import workloads
 from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import default_backend_ops, plan_pod_create
 from fiar_operator.core import patches
 from fiar_operator.core.commands import SGLANG_TOKEN, plan_command
-from fiar_operator.core.decide import Decision, GroupPlan, decide, pending
+from fiar_operator.core.decide import Decision, decide, pending
 from fiar_operator.core.pods import pod_record
 from fiar_operator.core.policy import Policy, parse_policy
-from fiar_operator.core.selectors import node_constraint
+
+from .builders import MODEL, shape_plan
+from .builders import SGLANG_FORMS as FORMS
 
 B, M, MN, T, C = (
     contract.LABEL_BACKEND,
@@ -72,18 +75,6 @@ EXPECTED: dict[str, dict[str, str]] = {
 
 def policy(**spec: Any) -> Policy:
     return parse_policy({"metadata": {"name": "p"}, "spec": {"podSelector": {}, **spec}})
-
-
-def shape_plan(shape: str) -> GroupPlan:
-    if shape == "single":
-        return GroupPlan()
-    return GroupPlan(
-        multi=True,
-        key="g",
-        pinned=shape.startswith("group-pinned"),
-        constraint=node_constraint({}),
-        imex=shape.endswith("-imex") and "no-imex" not in shape,
-    )
 
 
 def decided(fixture: str, shape: str, chosen: Policy | None = None) -> Decision:
@@ -137,81 +128,6 @@ def test_a_pod_not_yet_bound_reads_the_enforce_disable_switch() -> None:
 
 
 # -- command forms ------------------------------------------------------------------------------------
-MODEL = "/models/qwen3-30b-a3b"
-FORMS: dict[str, dict[str, Any]] = {
-    # sgl-project/sglang docker/k8s-sglang-service.yaml
-    "sglang-k8s-deployment": {
-        "name": "sglang",
-        "image": "docker.io/lmsysorg/sglang:latest",
-        "command": ["python3", "-m", "sglang.launch_server"],
-        "args": ["--model-path", MODEL, "--host", "0.0.0.0", "--port", "30000", "--tp", "2"],
-    },
-    # kubernetes-sigs/lws docs/examples/sglang/lws.yaml (leader and worker alike)
-    "lws-sglang": {
-        "name": "sglang-leader",
-        "image": "lmsysorg/sglang:latest",
-        "command": [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            MODEL,
-            "--tp",
-            "2",
-            "--dist-init-addr",
-            "$(LWS_LEADER_ADDRESS):20000",
-            "--nnodes",
-            "$(LWS_GROUP_SIZE)",
-            "--node-rank",
-            "$(LWS_WORKER_INDEX)",
-            "--trust-remote-code",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "40000",
-        ],
-        "env": [
-            {"name": "LWS_LEADER_ADDRESS", "value": "sglang-0.sglang.ml"},
-            {"name": "LWS_GROUP_SIZE", "value": "2"},
-            {"name": "LWS_WORKER_INDEX", "value": "0"},
-        ],
-    },
-    # sgl-project/ome config/runtimes/srt (an abbreviated --mem-frac, a $(MODEL_PATH) reference)
-    "ome-runtime": {
-        "name": "ome-container",
-        "image": "docker.io/lmsysorg/sglang:v0.5.5.post3-cu129-amd64",
-        "command": [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "8080",
-            "--enable-metrics",
-            "--model-path",
-            "$(MODEL_PATH)",
-            "--tp-size",
-            "2",
-            "--mem-frac",
-            "0.9",
-            "--log-level",
-            "debug",
-        ],
-        "env": [{"name": "MODEL_PATH", "value": MODEL}],
-    },
-    "sglang-serve": {
-        "name": "sglang",
-        "image": "lmsysorg/sglang:latest",
-        "command": ["sglang", "serve", MODEL, "--tp", "2"],
-    },
-    "shell-placeholder": {
-        "name": "sglang",
-        "image": "lmsysorg/sglang:latest",
-        "command": ["/bin/bash", "-c"],
-        "args": [f'exec python3 -m sglang.launch_server "${{FIAR_SGLANG_ARGS}}" --model-path {MODEL} --tp 2'],
-    },
-}
 USER = {
     "sglang-k8s-deployment": ["--model-path", MODEL, "--host", "0.0.0.0", "--port", "30000", "--tp", "2"],
     "lws-sglang": [
@@ -253,12 +169,7 @@ USER = {
 
 
 def pod(container: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "sglang-", "namespace": "ml"},
-        "spec": {"containers": [copy.deepcopy(container)]},
-    }
+    return workloads.pod(container, generate_name="sglang-")
 
 
 def mutated(source: dict[str, Any], chosen: Policy | None = None) -> tuple[dict[str, Any], list[str]]:

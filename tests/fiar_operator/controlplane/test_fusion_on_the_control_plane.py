@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster import workloads
 from devcluster.kubelet import container_process
 
 pytestmark = pytest.mark.controlplane
@@ -74,30 +75,11 @@ def test_bound_pods_run_with_the_fusion_their_node_allows_and_drift_flips_it(
     policy = f"fusion-{kit.unique}"
     kit.policy(policy, namespace)
     replicas = 8
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "vllm"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "template": {
-                "metadata": {"labels": {"app": "vllm"}},
-                "spec": {
-                    "nodeSelector": {f"pool-{kit.unique}": "gpu"},
-                    "topologySpreadConstraints": [
-                        {
-                            "maxSkew": 1,
-                            "topologyKey": "kubernetes.io/hostname",
-                            "whenUnsatisfiable": "DoNotSchedule",
-                            "labelSelector": {"matchLabels": {"app": "vllm"}},
-                        }
-                    ],
-                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": COMMAND}],
-                },
-            },
-        },
-    }
+    deployment = workloads.vllm_deployment(
+        replicas,
+        workloads.container(image="vllm/vllm-openai:v0.33.0", command=COMMAND),
+        node_selector={f"pool-{kit.unique}": "gpu"},
+    )
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
     pods = kit.running(namespace, replicas, "app=vllm", timeout=90)
     on_node: dict[str, list[str]] = {}
@@ -218,30 +200,7 @@ def test_sglang_pods_beside_vllm_get_the_option_their_node_allows_and_drift_flip
     kit.policy(policy, namespace, podSelector={"matchLabels": {"app": "sglang"}})
     replicas = 4
     container = {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23", "command": SGLANG, "args": SGLANG_ARGS}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "sglang"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "sglang"}},
-            "template": {
-                "metadata": {"labels": {"app": "sglang"}},
-                "spec": {
-                    "nodeSelector": {f"pool-{kit.unique}": "sglang"},
-                    "topologySpreadConstraints": [
-                        {
-                            "maxSkew": 1,
-                            "topologyKey": "kubernetes.io/hostname",
-                            "whenUnsatisfiable": "DoNotSchedule",
-                            "labelSelector": {"matchLabels": {"app": "sglang"}},
-                        }
-                    ],
-                    "containers": [container],
-                },
-            },
-        },
-    }
+    deployment = workloads.sglang_deployment(replicas, container, node_selector={f"pool-{kit.unique}": "sglang"})
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
     pods = kit.running(namespace, replicas, "app=sglang", timeout=90)
     on_node: dict[str, str] = {}

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import fiar_contract as contract
+from devcluster import workloads
 from fiar_operator.reconcile.status import NODE_COUNTS_REFRESH, StatusWriter
 from fiar_operator.state import kube
 from fiar_operator.state.store import Store
@@ -24,15 +25,11 @@ def mnnvl_node(store: Store, version: str, verdict: str = "mnnvl") -> None:
 def test_a_node_flip_rewrites_only_the_policies_whose_own_counts_changed(kit: Any) -> None:
     store, now = Store(), [0.0]
     for i in range(20):
-        body = {
-            "apiVersion": f"{contract.GROUP}/{contract.VERSION}",
-            "kind": contract.KIND,
-            "metadata": {"name": f"flip-{kit.unique}-{i}"},
-            "spec": {
-                "podSelector": {"matchLabels": {"app": f"none-{i}"}},
-                "backends": ["mnnvl" if i % 2 else "trtllm"],
-            },
-        }
+        body = workloads.policy(
+            f"flip-{kit.unique}-{i}",
+            podSelector={"matchLabels": {"app": f"none-{i}"}},
+            backends=["mnnvl" if i % 2 else "trtllm"],
+        )
         store.put_policy(kit.kube.call("POST", kube.POLICIES, body=body))
         kit.policies.append(body["metadata"]["name"])
     mnnvl_node(store, "1")

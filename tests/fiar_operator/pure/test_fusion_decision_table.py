@@ -10,11 +10,12 @@ import pytest
 
 import fiar_contract as contract
 from fiar_operator.admission.mutation import injected_entry
-from fiar_operator.core.decide import Decision, GroupPlan, decide, node_facts, pending
+from fiar_operator.core.decide import Decision, decide, node_facts, pending
 from fiar_operator.core.pods import PodRecord, group_plan, pod_record
 from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.core.selectors import node_constraint
 from fiar_operator.reconcile.rules import policy_status, review_pod
+
+from .builders import shape_plan
 
 B, MN, T, C = contract.LABEL_BACKEND, contract.LABEL_MNNVL, contract.LABEL_TRTLLM, contract.LABEL_CLIQUE
 CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
@@ -78,18 +79,6 @@ def policy(**spec: Any) -> Policy:
 def expected(fixture: str, shape: str) -> tuple[str, str, str]:
     rows = EXPECTED[fixture]
     return rows.get(shape) or rows["group" if shape.startswith("group") else "single"]
-
-
-def shape_plan(shape: str) -> GroupPlan:
-    if shape == "single":
-        return GroupPlan()
-    return GroupPlan(
-        multi=True,
-        key="g",
-        pinned=shape.startswith("group-pinned"),
-        constraint=node_constraint({}),
-        imex=shape.endswith("-imex") and "no-imex" not in shape,
-    )
 
 
 def decided(fixture: str, shape: str, chosen: Policy | None = None) -> Decision:

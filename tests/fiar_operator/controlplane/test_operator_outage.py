@@ -13,6 +13,7 @@ import pytest
 
 import fiar_contract as contract
 from devcluster.cluster import ControlPlane, Tier
+from devcluster.workloads import vllm_deployment
 
 pytestmark = pytest.mark.controlplane
 
@@ -35,22 +36,7 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
     no_nodes = {c["type"]: c for c in kit.get_policy(policy)["status"]["conditions"]}["NoVerifiedNodes"]
     assert no_nodes["status"] == "True" and "pods get trtllm" in no_nodes["message"]
 
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "vllm"},
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "template": {
-                "metadata": {"labels": {"app": "vllm"}},
-                "spec": {
-                    "nodeSelector": {f"pool-{unique}": "gpu"},
-                    "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                },
-            },
-        },
-    }
+    deployment = vllm_deployment(3, node_selector={f"pool-{unique}": "gpu"}, spread=None)
     kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
     pending = kit.wait(
         lambda: (

@@ -15,7 +15,7 @@ from fiar_operator.state import kube
 
 pytestmark = pytest.mark.controlplane
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "fiar"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "fiar"
 
 
 def test_registered_webhooks_are_the_charts_webhooks(
