@@ -60,14 +60,6 @@ class Changes:
             self._pending[key] = change  # an update already waiting keeps its place in the line
             self._cond.notify()
 
-    def take(self, timeout: float) -> Change | None:
-        with self._cond:
-            if not self._pending:
-                self._cond.wait(timeout)
-            if not self._pending:
-                return None
-            return self._pending.popitem(last=False)[1]
-
     def take_all(self, timeout: float, limit: int) -> list[Change]:
         """Every pending change, oldest first, at most ``limit``; waits up to ``timeout`` for one."""
         with self._cond:

@@ -53,14 +53,14 @@ def test_updates_of_one_object_are_decided_once_in_arrival_order() -> None:
     changes.put(change_of("pods", "ADDED", pod("b", "2")))
     changes.put(change_of("pods", "MODIFIED", pod("a", "1")))
     assert len(changes) == 2
-    assert [c.name for c in (changes.take(0), changes.take(0))] == ["a", "b"]  # type: ignore[union-attr]
-    assert changes.take(0) is None
+    assert [c.name for c in changes.take_all(0, 2)] == ["a", "b"]
+    assert changes.take_all(0, 1) == []
 
 
 def test_a_deletion_is_kept_apart_from_the_successor_of_that_name() -> None:
     changes = Changes()
     changes.put(change_of("pods", "DELETED", pod("a", "old", policy="vllm")))
     changes.put(change_of("pods", "ADDED", pod("a", "new")))
-    first, second = changes.take(0), changes.take(0)
+    first, second = changes.take_all(0, 2)
     assert first == Change("pods", "ml", "a", "old", deleted=True, policy="vllm")
     assert second == Change("pods", "ml", "a", "new")
