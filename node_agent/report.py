@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import fiar_contract as contract
-from node_agent import __version__
+from node_agent import __version__, inventory
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SmokeOutcome
@@ -65,43 +65,6 @@ _ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
 
 def rfc3339(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def inventory_summary(inv: Inventory) -> dict[str, Any]:
-    pairs = [(a.index, b.index) for i, a in enumerate(inv.gpus) for b in inv.gpus[i + 1 :]]
-    nvlink_pairs = [inv.nvlink_p2p(a, b) for a, b in pairs]
-    p2p = (
-        "n/a"
-        if not pairs
-        else ("all pairs" if all(nvlink_pairs) else ("none" if not any(nvlink_pairs) else "some pairs"))
-    )
-    fabrics = [g.fabric for g in inv.gpus]
-    fabric: dict[str, Any] | None = None
-    if any(f is not None for f in fabrics):
-        fabric = {
-            "state": sorted({f.state for f in fabrics if f is not None}),
-            "completed": all(f is not None and f.completed for f in fabrics),
-            "cluster_uuid_zero": all(f is not None and not f.has_cluster for f in fabrics),
-            "cliques": sorted({f.clique for f in fabrics if f is not None and f.has_cluster}),
-        }
-    return {
-        "gpus": len(inv.gpus),
-        "models": sorted({g.name for g in inv.gpus}),
-        "compute_capability": sorted({g.cc_str for g in inv.gpus}),
-        "memory_mib": sorted({g.memory_total_mib for g in inv.gpus if g.memory_total_mib is not None}),
-        "nvlink_active": [g.active_links for g in inv.gpus],
-        "nvlink_to_nvswitch": [g.switch_links for g in inv.gpus],
-        "nvlink_remote_types": sorted(
-            {n.remote_type for g in inv.gpus for n in g.nvlinks if n.active and n.remote_type is not None}
-        ),
-        "nvswitch": bool(inv.gpus) and all(g.switch_links > 0 for g in inv.gpus),
-        "p2p_nvlink": p2p,
-        "fabric": fabric,
-        "multicast_attribute": [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus],
-        "cuMulticastCreate_exported": inv.multicast_create_exported,
-        "compute_processes": [g.compute_processes for g in inv.gpus],
-        "errors": list(inv.errors),
-    }
 
 
 def build(
@@ -142,7 +105,7 @@ def build(
         "labels": dict(verdict.labels),
         "reasons": list(verdict.reasons),
         "versions": versions,
-        "inventory": inventory_summary(inv) if inv is not None else {"error": inventory_error},
+        "inventory": inventory.summary(inv) if inv is not None else {"error": inventory_error},
         "fingerprint": inv.fingerprint() if inv is not None else None,
         "policy": policy.to_dict(),
         "tests": {name: tests[name].to_dict() for name in contract.BACKENDS},
