@@ -91,8 +91,8 @@ def build(
     }
     for outcome in tests.values():  # what the child actually imported beats package metadata
         for key in ("torch", "flashinfer", "nccl", "cuda_runtime"):
-            if outcome.versions.get(key):
-                versions[key] = outcome.versions[key]
+            if outcome.measured.versions.get(key):
+                versions[key] = outcome.measured.versions[key]
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "version": VERSION,
@@ -229,7 +229,10 @@ def _read_tests(raw: Mapping[str, Any]) -> dict[contract.Backend, SmokeOutcome]:
             outcome = SmokeOutcome.from_dict(name, entry)
         except _UNREADABLE_TEST:
             continue
-        if all(isinstance(v, (int, float)) for v in (*outcome.steps.values(), *outcome.latency_us.values())):
+        if all(
+            isinstance(v, (int, float))
+            for v in (*outcome.measured.steps.values(), *outcome.measured.latency_us.values())
+        ):
             found[name] = outcome  # step times and latencies are numbers wherever they are read
     return found
 
