@@ -100,6 +100,18 @@ class ProbeResult:
         """0 ok, 1 degraded (see ``fiar-agent probe --help``)."""
         return 0 if self.verdict.status == "ok" else 1
 
+    def as_previous(self) -> report_mod.PreviousReport:
+        """This probe as the next one compares with it (what ``PreviousReport.parse`` reads back from its report)."""
+        inv = self.inventory
+        return report_mod.PreviousReport(
+            probe_time=report_mod.rfc3339(self.started_at),
+            fingerprint=inv.fingerprint() if inv is not None else None,
+            labels=dict(self.verdict.labels),
+            multicast_forbidden=self.policy.multicast_forbidden,
+            tests=dict(self.tests),
+            labels_kept_from=self.verdict.kept_from,
+        )
+
 
 def world_size(backend: contract.Backend, available: int) -> int | None:
     return backends.spec(backend).world_size(available)

@@ -36,7 +36,7 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fiar_contract as contract
 from node_agent import __version__, inventory
@@ -44,9 +44,6 @@ from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SmokeOutcome
 from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
-
-if TYPE_CHECKING:
-    from node_agent.probe import ProbeResult
 
 SCHEMA = "fiar.io/probe-report"
 VERSION = 1
@@ -162,7 +159,7 @@ _UNREADABLE_TEST = (ValueError, KeyError, TypeError, AttributeError, ArithmeticE
 @dataclass(frozen=True)
 class PreviousReport:
     """What the agent reads back from an earlier report: parsed once (``PreviousReport.parse``) from
-    the Node's annotation, or taken from the agent's own last probe (``of_probe``).
+    the Node's annotation, or taken from the agent's own last probe (``probe.ProbeResult.as_previous``).
 
     ``tests`` holds the entries that could be read (one that does not parse, or whose step times or
     latencies are not numbers, is left out); ``labels`` the label
@@ -203,19 +200,6 @@ class PreviousReport:
                 labels_kept_from=kept_from if isinstance(kept_from, str) and kept_from else None,
             ),
             None,
-        )
-
-    @classmethod
-    def of_probe(cls, result: ProbeResult) -> PreviousReport:
-        """The agent's own probe, as the next one compares with it."""
-        inv = result.inventory
-        return cls(
-            probe_time=rfc3339(result.started_at),
-            fingerprint=inv.fingerprint() if inv is not None else None,
-            labels=dict(result.verdict.labels),
-            multicast_forbidden=result.policy.multicast_forbidden,
-            tests=dict(result.tests),
-            labels_kept_from=result.verdict.kept_from,
         )
 
 

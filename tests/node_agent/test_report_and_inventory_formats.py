@@ -148,7 +148,7 @@ def test_a_report_without_a_probe_time_is_no_previous_report() -> None:
 def test_a_previous_report_read_back_from_the_annotation_equals_the_probe_it_came_from() -> None:
     result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
     parsed, why = report.PreviousReport.parse(report.dumps(result.report))
-    assert parsed == report.PreviousReport.of_probe(result), why
+    assert parsed == result.as_previous(), why
 
 
 ODD_VALUES: list[Any] = [None, True, -1, 1e999, "x", "9" * 5000, [], {}, [1e999], {"a": None}, [["x"]]]
