@@ -42,7 +42,8 @@ from node_agent import childproc, hardware
 from node_agent.daemon import shown
 from node_agent.errors import FixtureError
 from node_agent.probe import ProbeConfig, probe
-from node_agent.smoke.outcome import BACKEND_STEPS, INFRASTRUCTURE_MARKERS, SmokeRequest, classify
+from node_agent.smoke.outcome import SmokeRequest
+from node_agent.smoke.rules import BACKEND_STEPS, INFRASTRUCTURE_MARKERS, classify
 
 HOSTILE: list[Any] = [-1, 5, 0, "x", "", None, True, [], {}, 1e308, -0.5, 2**70, "9" * 5000, [[[[["deep"]]]]]]
 ROOT = Path(__file__).resolve().parents[1]

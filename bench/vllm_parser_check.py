@@ -49,7 +49,7 @@ CACHE = Path(os.environ.get("FIAR_VLLM_CHECK_DIR", Path.home() / ".cache" / "fia
 USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}}
 
 NODES = {
-    # node verdict -> labels (the agent's, see tests/node_agent/test_verdict_over_fixtures.py)
+    # node verdict -> labels (the agent's, see tests/node_agent/pure/test_verdict_over_fixtures.py)
     "mnnvl": {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_TRTLLM: "pass"},
     "trtllm": {contract.LABEL_BACKEND: "trtllm", contract.LABEL_TRTLLM: "pass"},
     "none (trtllm ran)": {contract.LABEL_BACKEND: "none", contract.LABEL_TRTLLM: "pass"},

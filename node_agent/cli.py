@@ -188,17 +188,18 @@ def summary(result: ProbeResult) -> str:
         test = result.tests[name]
         if test.result == "skipped":
             continue
-        steps = ", ".join(f"{k} {v:.2f}s" for k, v in test.steps.items())
+        m = test.measured
+        steps = ", ".join(f"{k} {v:.2f}s" for k, v in m.steps.items())
         devices = list(test.devices) if test.devices else None
         lines.append(f"{name}: {test.result} on GPUs {devices}; {steps}")
-        if test.jit:
-            jit = test.jit
+        if m.jit:
+            jit = m.jit
             lines.append(f"  jit: {jit.get('source', '?')} in {jit.get('seconds', 0):.2f}s (apart from the test)")
-        if test.latency_us:
-            lines.append("  latency: " + ", ".join(f"{k} {v:.1f}" for k, v in test.latency_us.items()))
-        if test.bench:
+        if m.latency_us:
+            lines.append("  latency: " + ", ".join(f"{k} {v:.1f}" for k, v in m.latency_us.items()))
+        if m.bench:
             lines.append("  hidden  tokens   NCCL us  backend us  graph us  ratio")
-            for p in test.bench:
+            for p in m.bench:
                 g = f"{p.backend_graph_us:8.1f}" if p.backend_graph_us is not None else "       -"
                 ratio = p.backend_us / p.nccl_us if p.nccl_us else float("inf")
                 sizes = f"  {p.hidden:6d}  {p.tokens:6d}"

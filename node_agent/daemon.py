@@ -277,7 +277,7 @@ class Agent:
         if stop.is_set():
             return None
         self.metrics.record_probe(action.name, result)
-        own = PreviousReport.of_probe(result)
+        own = result.as_previous()
         if own.fingerprint or not (self.last_report and self.last_report.fingerprint):
             # a report that could not read the GPUs never replaces one that did: the next probe
             # compares its hardware with the last one that was seen

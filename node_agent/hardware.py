@@ -47,6 +47,7 @@ import fiar_contract as contract
 from node_agent import backends, childproc, inventory
 from node_agent.errors import FixtureError, NativeProbeFailed, NvmlUnavailable
 from node_agent.native_probe import EXIT_NVML_UNAVAILABLE
+from node_agent.schema import short
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 """Recorded and modelled hosts shipped with the agent."""
@@ -200,23 +201,23 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise FixtureError(f"{where}: expected an object, got {inventory.short(value)}")
+        raise FixtureError(f"{where}: expected an object, got {short(value)}")
     return value
 
 
 def _optional_str(value: Any, where: str) -> None:
     if value is not None and not isinstance(value, str):
-        raise FixtureError(f"{where}: expected a string or null, got {inventory.short(value)}")
+        raise FixtureError(f"{where}: expected a string or null, got {short(value)}")
 
 
 def _seconds(value: Any, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise FixtureError(f"{where}: expected a non-negative number, got {inventory.short(value)}")
+        raise FixtureError(f"{where}: expected a non-negative number, got {short(value)}")
 
 
 def _one_of(value: Any, allowed: Sequence[str], where: str) -> None:
     if value not in allowed:
-        raise FixtureError(f"{where}: {inventory.short(value)} is not one of {tuple(allowed)}")
+        raise FixtureError(f"{where}: {short(value)} is not one of {tuple(allowed)}")
 
 
 def check_simulate(raw: Any) -> None:
@@ -233,13 +234,13 @@ def check_simulate(raw: Any) -> None:
         spec = _object(raw_spec, where)
         outcome = spec.get("outcome", "pass")
         if outcome not in SMOKE_OUTCOMES:
-            raise FixtureError(f"{where}.outcome {inventory.short(outcome)} is not one of {SMOKE_OUTCOMES}")
+            raise FixtureError(f"{where}.outcome {short(outcome)} is not one of {SMOKE_OUTCOMES}")
         if "step" in spec:
             _one_of(spec["step"], SIMULATED_STEPS, f"{where}.step")
         if "message" in spec and not isinstance(spec["message"], str):
-            raise FixtureError(f"{where}.message: expected a string, got {inventory.short(spec['message'])}")
+            raise FixtureError(f"{where}.message: expected a string, got {short(spec['message'])}")
         if "jit_cached" in spec and not isinstance(spec["jit_cached"], bool):
-            raise FixtureError(f"{where}.jit_cached: expected true or false, got {inventory.short(spec['jit_cached'])}")
+            raise FixtureError(f"{where}.jit_cached: expected true or false, got {short(spec['jit_cached'])}")
         for key, value in spec.items():
             if key.endswith("_s"):
                 _seconds(value, f"{where}.{key}")
@@ -247,14 +248,14 @@ def check_simulate(raw: Any) -> None:
             _seconds(value, f"{where}.latency_us.{key}")
         bench = spec.get("bench") or []
         if not isinstance(bench, list):
-            raise FixtureError(f"{where}.bench: expected a list, got {inventory.short(bench)}")
+            raise FixtureError(f"{where}.bench: expected a list, got {short(bench)}")
         for i, point in enumerate(bench):
             pw = f"{where}.bench[{i}]"
             point = _object(point, pw)
             for key in ("hidden", "tokens"):
                 value = point.get(key)
                 if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise FixtureError(f"{pw}.{key}: expected a positive integer, got {inventory.short(value)}")
+                    raise FixtureError(f"{pw}.{key}: expected a positive integer, got {short(value)}")
             for key in ("nccl_us", "backend_us", "backend_graph_us"):
                 if key in point or key != "backend_graph_us":
                     _seconds(point.get(key), f"{pw}.{key}")

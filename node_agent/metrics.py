@@ -82,7 +82,7 @@ class AgentMetrics:
         self.probe_duration.set(round(result.duration_s, 3))
         self.last_probe.set(time.time())
         for backend, outcome in result.tests.items():
-            for step, seconds in outcome.steps.items():
+            for step, seconds in outcome.measured.steps.items():
                 self.smoke_step.labels(backend=backend, step=step).set(float(seconds))
 
     def record_labels(self, labels: Mapping[str, str]) -> None:

@@ -12,7 +12,8 @@ still comes back.
 Each reading is one function returning a ``Reading`` (the keys it adds, and its errors), registered
 in an ordered table: ``HOST_READINGS`` for the host document, ``GPU_READINGS`` for one GPU's entry.
 ``read_host`` folds the host table; the ``gpus`` reading folds the GPU table per GPU. A new reading
-is one function and one line in its table; the loops do not change.
+is one function and one line in its table; the loops do not change. A reading names the fields it
+read (``schema.recorded``); their keys, spelling and order are those of ``node_agent.inventory``.
 
 Exit codes: 0 the host JSON is on stdout; 3 NVML is unavailable (JSON ``{"error": ...}``);
 anything else is a failure of this program.
@@ -32,29 +33,29 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
-from node_agent import __version__
+from node_agent import __version__, schema
+from node_agent.inventory import GPU_KEYS, HOST_KEYS, P2P, CudaAttributes, Fabric, Gpu, Inventory, NvLink
 
 EXIT_NVML_UNAVAILABLE = 3
 
-# CUdevice_attribute ids (CUDA 13.0 include/cuda.h)
 CUDA_ATTRIBUTES = {
-    "MULTICAST_SUPPORTED": 132,
-    "HANDLE_TYPE_FABRIC_SUPPORTED": 128,
-    "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 103,
-    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 102,
+    **{f.key.name: f.key.native for f in schema.fields(CudaAttributes) if f.key.native is not None},
     "COMPUTE_CAPABILITY_MAJOR": 75,
     "COMPUTE_CAPABILITY_MINOR": 76,
 }
+"""``CUdevice_attribute`` ids read per device: those of ``CudaAttributes``, and the compute
+capability (recorded, not parsed)."""
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
-P2P_INDEXES = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3, "pci": 4}
-"""Literal ints: pynvml's ``NVML_P2P_CAPS_INDEX_READ = 0,`` is a tuple (trailing comma)."""
+P2P_FIELDS = tuple(f for f in schema.fields(P2P) if f.key.native is not None)
+"""The P2P capabilities read per pair, with their ``nvmlGpuP2PCapsIndex_t`` (literal ints: pynvml's
+``NVML_P2P_CAPS_INDEX_READ = 0,`` is a tuple, trailing comma)."""
 
 
 def _text(value: Any) -> str:
@@ -127,27 +128,31 @@ def open_devices(nv: Any) -> Devices:
     return Devices(tuple(h for h, _ in lookups), tuple(e for _, e in lookups), count_errors)
 
 
-# -- per-GPU readings (in the order they are read; the entry's keys follow GPU_KEYS) ---------------
+# -- per-GPU readings (in the order they are read; the entry's keys follow inventory.GPU_KEYS) -----
+
+
+def _gpu(errors: tuple[str, ...] = (), **fields: Any) -> Reading:
+    return Reading(schema.recorded(Gpu, **fields), errors)
 
 
 def memory(nv: Any, gpu: Device) -> Reading:
     mem, errors = _attempt(f"gpu {gpu.index} memory", nv.nvmlDeviceGetMemoryInfo, gpu.handle)
-    return Reading({"memory_total_mib": int(mem.total // (1024 * 1024)) if mem is not None else None}, errors)
+    return _gpu(errors, memory_total_mib=int(mem.total // (1024 * 1024)) if mem is not None else None)
 
 
 def compute_capability(nv: Any, gpu: Device) -> Reading:
     cc, errors = _attempt(f"gpu {gpu.index} compute capability", nv.nvmlDeviceGetCudaComputeCapability, gpu.handle)
-    return Reading({"cc": [int(cc[0]), int(cc[1])] if cc else None}, errors)
+    return _gpu(errors, cc=(int(cc[0]), int(cc[1])) if cc else None)
 
 
 def pci(nv: Any, gpu: Device) -> Reading:
     info, errors = _attempt(f"gpu {gpu.index} pci", nv.nvmlDeviceGetPciInfo, gpu.handle)
-    return Reading({"pci_bus_id": _text(info.busId) if info is not None else ""}, errors)
+    return _gpu(errors, pci_bus_id=_text(info.busId) if info is not None else "")
 
 
 def nvlinks(nv: Any, gpu: Device) -> Reading:
     """Every link up to the first the GPU does not have; remote type and version of active ones."""
-    links: list[dict[str, Any]] = []
+    links: list[NvLink] = []
     errors: list[str] = []
     for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
@@ -157,53 +162,50 @@ def nvlinks(nv: Any, gpu: Device) -> Reading:
                 break  # no (more) links on this GPU
             errors.append(f"gpu {gpu.index} nvlink {link} state: {exc}")
             continue
-        entry: dict[str, Any] = {"link": link, "active": int(active), "remote_type": None, "version": None}
+        remote_type = version = None
         if active:
             with contextlib.suppress(nv.NVMLError):
-                entry["remote_type"] = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(gpu.handle, link))
+                remote_type = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(gpu.handle, link))
             with contextlib.suppress(nv.NVMLError):
-                entry["version"] = int(nv.nvmlDeviceGetNvLinkVersion(gpu.handle, link))
-        links.append(entry)
-    return Reading({"nvlinks": links}, tuple(errors))
+                version = int(nv.nvmlDeviceGetNvLinkVersion(gpu.handle, link))
+        links.append(NvLink(link, bool(active), remote_type, version))
+    return _gpu(tuple(errors), nvlinks=tuple(links))
 
 
 def fabric(nv: Any, gpu: Device) -> Reading:
     """``nvmlGpuFabricInfo`` v2; None where NVML has no such call or the GPU no fabric."""
     if not hasattr(nv, "c_nvmlGpuFabricInfoV_t"):
-        return Reading({"fabric_v2": None})
+        return _gpu(fabric=None)
     info = nv.c_nvmlGpuFabricInfoV_t()
     try:
         nv.nvmlDeviceGetGpuFabricInfoV(gpu.handle, ctypes.byref(info))  # by value segfaults
     except nv.NVMLError as exc:
         if getattr(exc, "value", None) != NVML_ERROR_NOT_SUPPORTED:
-            return Reading({"fabric_v2": None}, (f"gpu {gpu.index} fabric info: {exc}",))
-        return Reading({"fabric_v2": None})
-    return Reading(
-        {
-            "fabric_v2": {
-                "state": int(info.state),
-                "status": int(info.status),
-                "cliqueId": int(info.cliqueId),
-                "clusterUuid": bytes(info.clusterUuid).hex(),
-                "healthMask": int(info.healthMask),
-            }
-        }
+            return _gpu((f"gpu {gpu.index} fabric info: {exc}",), fabric=None)
+        return _gpu(fabric=None)
+    found = Fabric(
+        state=int(info.state),
+        status=int(info.status),
+        clique_id=int(info.cliqueId),
+        cluster_uuid=bytes(info.clusterUuid).hex(),
+        health_mask=int(info.healthMask),
     )
+    return _gpu(fabric=found)
 
 
 def compute_processes(nv: Any, gpu: Device) -> Reading:
     procs, errors = _attempt(f"gpu {gpu.index} compute processes", nv.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
-    return Reading({"compute_processes": len(procs) if procs is not None else 0}, errors)
+    return _gpu(errors, compute_processes=len(procs) if procs is not None else 0)
 
 
 def name(nv: Any, gpu: Device) -> Reading:
     value, errors = _attempt(f"gpu {gpu.index} name", nv.nvmlDeviceGetName, gpu.handle)
-    return Reading({"name": _text(value)}, errors)
+    return _gpu(errors, name=_text(value))
 
 
 def uuid(nv: Any, gpu: Device) -> Reading:
     value, errors = _attempt(f"gpu {gpu.index} uuid", nv.nvmlDeviceGetUUID, gpu.handle)
-    return Reading({"uuid": _text(value)}, errors)
+    return _gpu(errors, uuid=_text(value))
 
 
 GPU_READINGS: tuple[tuple[str, GpuReading], ...] = (
@@ -217,24 +219,20 @@ GPU_READINGS: tuple[tuple[str, GpuReading], ...] = (
     ("uuid", uuid),
 )
 """Every reading of one GPU, in the order they are taken. A new one is a function and a line here."""
-GPU_KEYS = (
-    "index", "name", "uuid", "pci_bus_id", "memory_total_mib", "cc", "nvlinks", "fabric_v2", "compute_processes",
-)  # fmt: skip
-"""The recorded order of a GPU entry's keys (a reading's new keys follow them)."""
 
 
 def read_gpu(nv: Any, gpu: Device) -> Reading:
     """One GPU's entry: the fold of ``GPU_READINGS``."""
-    entry: dict[str, Any] = {"index": gpu.index}
+    entry = schema.recorded(Gpu, index=gpu.index)
     errors: list[str] = []
     for _name, reading in GPU_READINGS:
         piece = reading(nv, gpu)
         entry.update(piece.values)
         errors.extend(piece.errors)
-    return Reading(_ordered(entry, GPU_KEYS), tuple(errors))
+    return Reading(schema.in_order(entry, GPU_KEYS), tuple(errors))
 
 
-# -- host readings (in the order they are read; the document's keys follow DOC_KEYS) ----------------
+# -- host readings (in the order they are read; the document's keys follow inventory.HOST_KEYS) -----
 
 
 def provenance(host: Host, doc: Mapping[str, Any]) -> Reading:
@@ -243,7 +241,9 @@ def provenance(host: Host, doc: Mapping[str, Any]) -> Reading:
         {
             "recorded_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "recorded_by": f"fiar-agent {__version__}",
-            "env": {k: os.environ[k] for k in contract.HOST_POLICY_ENV if k in os.environ},
+            **schema.recorded(
+                Inventory, host_env={k: os.environ[k] for k in contract.HOST_POLICY_ENV if k in os.environ}
+            ),
         }
     )
 
@@ -253,7 +253,9 @@ def system_versions(host: Host, doc: Mapping[str, Any]) -> Reading:
     nvml, e1 = _attempt("nvmlSystemGetNVMLVersion", nv.nvmlSystemGetNVMLVersion)
     driver, e2 = _attempt("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion)
     cuda, e3 = _attempt("nvmlSystemGetCudaDriverVersion_v2", nv.nvmlSystemGetCudaDriverVersion_v2)
-    values = {"nvml_version": _text(nvml), "driver_version": _text(driver), "cuda_driver_version": cuda}
+    values = schema.recorded(
+        Inventory, nvml_version=_text(nvml), driver_version=_text(driver), cuda_driver_version=cuda
+    )
     return Reading(values, e1 + e2 + e3)
 
 
@@ -274,21 +276,21 @@ def gpus(host: Host, doc: Mapping[str, Any]) -> Reading:
 def p2p(host: Host, doc: Mapping[str, Any]) -> Reading:
     """P2P status per capability and the PCIe common ancestor, for every ordered pair of GPUs."""
     nv, handles = host.nv, host.devices.handles
-    pairs: dict[str, dict[str, Any]] = {}
+    pairs: dict[tuple[int, int], P2P] = {}
     errors: list[str] = []
     for a, ha in enumerate(handles):
         for b, hb in enumerate(handles):
             if a == b or ha is None or hb is None:
                 continue
-            entry: dict[str, Any] = {}
-            for cap, idx in P2P_INDEXES.items():
-                entry[cap], e = _attempt(f"p2p {a}->{b} {cap}", nv.nvmlDeviceGetP2PStatus, ha, hb, idx)
+            status: dict[str, Any] = {}
+            for cap in P2P_FIELDS:
+                what = f"p2p {a}->{b} {cap.key.name}"
+                status[cap.attr], e = _attempt(what, nv.nvmlDeviceGetP2PStatus, ha, hb, cap.key.native)
                 errors.extend(e)
-            ancestor = _attempt(f"topology {a}->{b}", nv.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
-            entry["common_ancestor"] = ancestor[0]
-            errors.extend(ancestor[1])
-            pairs[f"{a}->{b}"] = entry
-    return Reading({"p2p": pairs}, tuple(errors))
+            ancestor, e = _attempt(f"topology {a}->{b}", nv.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+            errors.extend(e)
+            pairs[(a, b)] = P2P(**status, common_ancestor=ancestor)
+    return Reading(schema.recorded(Inventory, p2p=pairs), tuple(errors))
 
 
 def cuda(host: Host, doc: Mapping[str, Any]) -> Reading:
@@ -302,9 +304,9 @@ def cuda(host: Host, doc: Mapping[str, Any]) -> Reading:
         if attrs is None:
             errors.append(f"gpu {gpu['index']}: not visible to the CUDA driver")
         attributes.append(attrs)
-    values: dict[str, Any] = {"multicast_create_exported": found.multicast_create_exported}
+    values = schema.recorded(Inventory, multicast_create_exported=found.multicast_create_exported)
     if doc.get("cuda_driver_version") is None:
-        values["cuda_driver_version"] = found.driver_version
+        values.update(schema.recorded(Inventory, cuda_driver_version=found.driver_version))
     values["cuda_attributes"] = attributes
     return Reading(values, tuple(errors))
 
@@ -313,7 +315,7 @@ def host_name(host: Host, doc: Mapping[str, Any]) -> Reading:
     """``<n>x <models>`` or ``no GPUs``."""
     entries = doc.get("gpus", [])
     names = sorted({g["name"] for g in entries})
-    return Reading({"host": f"{len(entries)}x {', '.join(names)}" if entries else "no GPUs"})
+    return Reading(schema.recorded(Inventory, host=f"{len(entries)}x {', '.join(names)}" if entries else "no GPUs"))
 
 
 HOST_READINGS: tuple[tuple[str, HostReading], ...] = (
@@ -326,15 +328,6 @@ HOST_READINGS: tuple[tuple[str, HostReading], ...] = (
 )
 """Every reading of the host, in the order they are taken; a later one sees what the earlier ones
 read. A new one is a function and a line here."""
-DOC_KEYS = (
-    "host", "recorded_at", "recorded_by", "env", "nvml_version", "driver_version", "cuda_driver_version",
-    "multicast_create_exported", "gpus", "p2p", "cuda_attributes", "errors",
-)  # fmt: skip
-"""The recorded order of the host document's keys (a reading's new keys follow them)."""
-
-
-def _ordered(values: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    return {**{k: values[k] for k in keys if k in values}, **values}
 
 
 # -- the CUDA driver --------------------------------------------------------------------------------
@@ -423,8 +416,8 @@ def read_host(nv: Any = None, load_libcuda: Callable[[], Any] = _libcuda) -> dic
             piece = reading(host, doc)
             doc.update(piece.values)
             errors.extend(piece.errors)
-        doc["errors"] = errors
-        return _ordered(doc, DOC_KEYS)
+        doc.update(schema.recorded(Inventory, errors=tuple(errors)))
+        return schema.in_order(doc, HOST_KEYS)
     finally:
         with contextlib.suppress(Exception):
             nv.nvmlShutdown()

@@ -36,17 +36,7 @@ from node_agent.hardware import Hardware
 from node_agent.inventory import COMM_KERNEL_GENERATIONS, Gpu, Inventory, has_comm_kernels
 from node_agent.policy import HostPolicy, resolve
 from node_agent.smoke import launcher
-from node_agent.smoke.outcome import (
-    KIND_BUSY,
-    KIND_CANCELLED,
-    KIND_NO_INVENTORY,
-    KIND_NOT_APPLICABLE,
-    KIND_NOT_PREBUILT,
-    KIND_POLICY,
-    KIND_UNAVAILABLE,
-    SmokeOutcome,
-    SmokeRequest,
-)
+from node_agent.smoke.outcome import SmokeOutcome, SmokeRequest
 from node_agent.verdict import DEFAULT_BENCH_MARGIN, Verdict, decide
 
 Progress = Callable[[str], None]
@@ -109,6 +99,18 @@ class ProbeResult:
     def exit_code(self) -> int:
         """0 ok, 1 degraded (see ``fiar-agent probe --help``)."""
         return 0 if self.verdict.status == "ok" else 1
+
+    def as_previous(self) -> report_mod.PreviousReport:
+        """This probe as the next one compares with it (what ``PreviousReport.parse`` reads back from its report)."""
+        inv = self.inventory
+        return report_mod.PreviousReport(
+            probe_time=report_mod.rfc3339(self.started_at),
+            fingerprint=inv.fingerprint() if inv is not None else None,
+            labels=dict(self.verdict.labels),
+            multicast_forbidden=self.policy.multicast_forbidden,
+            tests=dict(self.tests),
+            labels_kept_from=self.verdict.kept_from,
+        )
 
 
 def world_size(backend: contract.Backend, available: int) -> int | None:
@@ -173,41 +175,41 @@ def _plan(
 ) -> SmokeOutcome | tuple[int, ...]:
     """Either the outcome of a test that does not run, or the GPUs to run it on."""
     if inv is None:
-        return SmokeOutcome.skipped(backend, KIND_NO_INVENTORY, "the GPUs could not be read", degraded=True)
+        return SmokeOutcome.skipped(backend, "no_inventory", "the GPUs could not be read", degraded=True)
     if backends.spec(backend).needs_multicast and policy.multicast_forbidden:
         return SmokeOutcome.skipped(
             backend,
-            KIND_POLICY,
+            "policy",
             f"host policy forbids multicast ({', '.join(policy.sources)}); no multicast object is created",
         )
     n = len(inv.gpus)
     if n < 2:
         return SmokeOutcome.skipped(
-            backend, KIND_NOT_APPLICABLE, f"{n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
+            backend, "not_applicable", f"{n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
         )
     size = world_size(backend, min(config.gpus or n, n))
     assert size is not None  # n >= 2 and 2 is a world size of every backend
     devices = tuple(sorted(g.index for g in inv.gpus))[:size]
     unsupported = unsupported_generation([g for g in inv.gpus if g.index in devices])
     if unsupported is not None:
-        return SmokeOutcome.skipped(backend, KIND_NOT_APPLICABLE, unsupported)
+        return SmokeOutcome.skipped(backend, "not_applicable", unsupported)
     busy = [f"GPU {g.index}: {g.compute_processes}" for g in inv.gpus if g.index in devices and g.compute_processes]
     if busy and not config.force:
         if backend in reuse:
             return reuse[backend]
         return SmokeOutcome.skipped(
             backend,
-            KIND_BUSY,
+            "busy",
             f"GPUs busy (compute processes {', '.join(busy)}); --force tests anyway",
             degraded=True,
         )
     missing = [name for name in ("torch", "flashinfer") if not software.get(name)]
     if missing:
-        return SmokeOutcome.skipped(backend, KIND_UNAVAILABLE, f"{' and '.join(missing)} not installed", degraded=True)
+        return SmokeOutcome.skipped(backend, "unavailable", f"{' and '.join(missing)} not installed", degraded=True)
     if config.require_prebuilt:
         mismatch = arch_mismatch([g for g in inv.gpus if g.index in devices], environ.get("FLASHINFER_CUDA_ARCH_LIST"))
         if mismatch is not None:
-            return SmokeOutcome.skipped(backend, KIND_NOT_PREBUILT, mismatch, degraded=True)
+            return SmokeOutcome.skipped(backend, "not_prebuilt", mismatch, degraded=True)
     return devices
 
 
@@ -252,7 +254,7 @@ def probe(
     tests: dict[contract.Backend, SmokeOutcome] = {}
     for backend in backends.NAMES:  # in order of preference
         if cancel is not None and cancel.is_set():  # stopping: start no new GPU work
-            tests[backend] = SmokeOutcome.skipped(backend, KIND_CANCELLED, "the agent was stopped", degraded=True)
+            tests[backend] = SmokeOutcome.skipped(backend, "cancelled", "the agent was stopped", degraded=True)
             continue
         plan = _plan(backend, inv, policy, config, software, reuse, env)
         if isinstance(plan, SmokeOutcome):

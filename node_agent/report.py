@@ -36,17 +36,14 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fiar_contract as contract
-from node_agent import __version__
+from node_agent import __version__, inventory
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SmokeOutcome
 from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
-
-if TYPE_CHECKING:
-    from node_agent.probe import ProbeResult
 
 SCHEMA = "fiar.io/probe-report"
 VERSION = 1
@@ -65,43 +62,6 @@ _ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
 
 def rfc3339(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def inventory_summary(inv: Inventory) -> dict[str, Any]:
-    pairs = [(a.index, b.index) for i, a in enumerate(inv.gpus) for b in inv.gpus[i + 1 :]]
-    nvlink_pairs = [inv.nvlink_p2p(a, b) for a, b in pairs]
-    p2p = (
-        "n/a"
-        if not pairs
-        else ("all pairs" if all(nvlink_pairs) else ("none" if not any(nvlink_pairs) else "some pairs"))
-    )
-    fabrics = [g.fabric for g in inv.gpus]
-    fabric: dict[str, Any] | None = None
-    if any(f is not None for f in fabrics):
-        fabric = {
-            "state": sorted({f.state for f in fabrics if f is not None}),
-            "completed": all(f is not None and f.completed for f in fabrics),
-            "cluster_uuid_zero": all(f is not None and not f.has_cluster for f in fabrics),
-            "cliques": sorted({f.clique for f in fabrics if f is not None and f.has_cluster}),
-        }
-    return {
-        "gpus": len(inv.gpus),
-        "models": sorted({g.name for g in inv.gpus}),
-        "compute_capability": sorted({g.cc_str for g in inv.gpus}),
-        "memory_mib": sorted({g.memory_total_mib for g in inv.gpus if g.memory_total_mib is not None}),
-        "nvlink_active": [g.active_links for g in inv.gpus],
-        "nvlink_to_nvswitch": [g.switch_links for g in inv.gpus],
-        "nvlink_remote_types": sorted(
-            {n.remote_type for g in inv.gpus for n in g.nvlinks if n.active and n.remote_type is not None}
-        ),
-        "nvswitch": bool(inv.gpus) and all(g.switch_links > 0 for g in inv.gpus),
-        "p2p_nvlink": p2p,
-        "fabric": fabric,
-        "multicast_attribute": [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus],
-        "cuMulticastCreate_exported": inv.multicast_create_exported,
-        "compute_processes": [g.compute_processes for g in inv.gpus],
-        "errors": list(inv.errors),
-    }
 
 
 def build(
@@ -128,8 +88,8 @@ def build(
     }
     for outcome in tests.values():  # what the child actually imported beats package metadata
         for key in ("torch", "flashinfer", "nccl", "cuda_runtime"):
-            if outcome.versions.get(key):
-                versions[key] = outcome.versions[key]
+            if outcome.measured.versions.get(key):
+                versions[key] = outcome.measured.versions[key]
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "version": VERSION,
@@ -142,7 +102,7 @@ def build(
         "labels": dict(verdict.labels),
         "reasons": list(verdict.reasons),
         "versions": versions,
-        "inventory": inventory_summary(inv) if inv is not None else {"error": inventory_error},
+        "inventory": inventory.summary(inv) if inv is not None else {"error": inventory_error},
         "fingerprint": inv.fingerprint() if inv is not None else None,
         "policy": policy.to_dict(),
         "tests": {name: tests[name].to_dict() for name in contract.BACKENDS},
@@ -199,7 +159,7 @@ _UNREADABLE_TEST = (ValueError, KeyError, TypeError, AttributeError, ArithmeticE
 @dataclass(frozen=True)
 class PreviousReport:
     """What the agent reads back from an earlier report: parsed once (``PreviousReport.parse``) from
-    the Node's annotation, or taken from the agent's own last probe (``of_probe``).
+    the Node's annotation, or taken from the agent's own last probe (``probe.ProbeResult.as_previous``).
 
     ``tests`` holds the entries that could be read (one that does not parse, or whose step times or
     latencies are not numbers, is left out); ``labels`` the label
@@ -242,19 +202,6 @@ class PreviousReport:
             None,
         )
 
-    @classmethod
-    def of_probe(cls, result: ProbeResult) -> PreviousReport:
-        """The agent's own probe, as the next one compares with it."""
-        inv = result.inventory
-        return cls(
-            probe_time=rfc3339(result.started_at),
-            fingerprint=inv.fingerprint() if inv is not None else None,
-            labels=dict(result.verdict.labels),
-            multicast_forbidden=result.policy.multicast_forbidden,
-            tests=dict(result.tests),
-            labels_kept_from=result.verdict.kept_from,
-        )
-
 
 def _read_tests(raw: Mapping[str, Any]) -> dict[contract.Backend, SmokeOutcome]:
     found: dict[contract.Backend, SmokeOutcome] = {}
@@ -266,7 +213,10 @@ def _read_tests(raw: Mapping[str, Any]) -> dict[contract.Backend, SmokeOutcome]:
             outcome = SmokeOutcome.from_dict(name, entry)
         except _UNREADABLE_TEST:
             continue
-        if all(isinstance(v, (int, float)) for v in (*outcome.steps.values(), *outcome.latency_us.values())):
+        if all(
+            isinstance(v, (int, float))
+            for v in (*outcome.measured.steps.values(), *outcome.measured.latency_us.values())
+        ):
             found[name] = outcome  # step times and latencies are numbers wherever they are read
     return found
 

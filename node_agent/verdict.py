@@ -64,7 +64,7 @@ import fiar_contract as contract
 from node_agent import backends
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
-from node_agent.smoke.outcome import KIND_ERROR, KIND_NULL_MC_PTR, SmokeOutcome
+from node_agent.smoke.outcome import SmokeOutcome
 
 DEFAULT_BENCH_MARGIN = 0.10
 """A backend whose geometric-mean latency is more than 10% above plain NCCL's is not recommended."""
@@ -130,7 +130,7 @@ class Verdict:
 
 def judge_bench(outcome: SmokeOutcome, margin: float) -> BenchJudgement | None:
     """Compare a passing backend with NCCL over its benchmark points (None: not benchmarked)."""
-    points = [p for p in outcome.bench if p.nccl_us > 0 and p.backend_us > 0]
+    points = [p for p in outcome.measured.bench if p.nccl_us > 0 and p.backend_us > 0]
     if not points:
         return None
     geomean = math.exp(sum(math.log(p.ratio) for p in points) / len(points))
@@ -180,7 +180,7 @@ def multicast_state(inv: Inventory | None, policy: HostPolicy, mnnvl: SmokeOutco
         return MulticastFinding(
             "supported", "multicast supported: the mnnvl workspace had a multicast pointer and its allreduce passed"
         )
-    if mnnvl.kind == KIND_NULL_MC_PTR:
+    if mnnvl.kind == "null_mc_ptr":
         return MulticastFinding(
             "unsupported",
             "multicast unsupported: the device attribute reads 1 but the workspace got no multicast pointer",
@@ -238,10 +238,10 @@ def mnnvl_workspace(inv: Inventory | None, mnnvl: SmokeOutcome) -> contract.Mnnv
     attrs = [g.cuda.multicast_supported if g.cuda else None for g in inv.gpus] if inv is not None else []
     if attrs and all(a == 0 for a in attrs):
         return "no-multicast"
-    if mnnvl.result == "pass" or "workspace" in mnnvl.steps:
+    if mnnvl.result == "pass" or "workspace" in mnnvl.measured.steps:
         return "created"
     failed_in_workspace = mnnvl.result == "fail" and mnnvl.failed_step == "workspace" and mnnvl.failed_on_every_rank
-    if failed_in_workspace and mnnvl.kind in (KIND_NULL_MC_PTR, KIND_ERROR) and all(a == 1 for a in attrs):
+    if failed_in_workspace and mnnvl.kind in ("null_mc_ptr", "error") and all(a == 1 for a in attrs):
         return "failed-on-every-rank"
     return None
 

@@ -1,8 +1,8 @@
 """FlashInfer allreduce smoke tests, run in child processes.
 
-The resident agent only uses ``launcher`` (and the pure ``outcome`` and ``events`` modules); it
-never imports ``worker``, which is the one module here that imports torch and FlashInfer. Layout of
-one test::
+The resident agent only uses ``launcher`` (and the pure ``outcome``, ``rules``, ``measure`` and
+``events`` modules); it never imports ``worker``, which is the one module here that imports torch
+and FlashInfer. Layout of one test::
 
     agent ── launcher.run_smoke ──(new session, hard timeout)──> supervisor
                                                                 ├── rank 0: worker | simworker

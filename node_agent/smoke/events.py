@@ -26,7 +26,7 @@ from typing import Any, TextIO
 ENV_EVENTS_FILE = "FIAR_EVENTS_FILE"
 STEPS = ("import", "init", "jit", "workspace", "eager", "graph", "timing", "benchmark", "done")
 FAILURE_STATUSES = ("missing", "refused", "not_prebuilt", "fail")
-"""The statuses that end a rank before ``done``, in the order ``outcome.classify`` weighs them."""
+"""The statuses that end a rank before ``done``, in the order ``rules.classify`` weighs them."""
 TERMINAL = frozenset({*FAILURE_STATUSES, "done"})
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from node_agent import childproc
 from node_agent.smoke import events as ev
-from node_agent.smoke.outcome import SmokeOutcome, SmokeRequest, classify
+from node_agent.smoke.outcome import SmokeOutcome, SmokeRequest
+from node_agent.smoke.rules import classify
 
 Progress = Callable[[str], None]
 

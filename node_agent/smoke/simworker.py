@@ -21,7 +21,8 @@ from typing import Any
 
 from node_agent import backends, hardware, inventory, policy
 from node_agent.smoke.events import EventLog
-from node_agent.smoke.outcome import failure_kind
+from node_agent.smoke.outcome import OutcomeKind
+from node_agent.smoke.rules import failure_kind
 
 MODELLED_STEPS = {"import": 0.0, "init": 0.0, "jit": 0.0, "workspace": 0.0, "eager": 0.0, "graph": 0.0}
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(os.getpid(), signal.SIGSEGV)
             _block_forever()
         if failing_here and outcome in ("fail", "null_mc_ptr", "numerics", "no_kernel_image"):
-            kind = {"fail": "error", "null_mc_ptr": "null_mc_ptr", "numerics": "numerics"}.get(outcome, "error")
+            kinds: dict[str, OutcomeKind] = {"fail": "error", "null_mc_ptr": "null_mc_ptr", "numerics": "numerics"}
+            kind = kinds.get(outcome, "error")
             default = {
                 "fail": "simulated failure",
                 "null_mc_ptr": "the mnnvl workspace was created with a null multicast pointer (mc_ptr == 0); "

@@ -44,7 +44,8 @@ from typing import Any
 
 from node_agent import backends, policy
 from node_agent.smoke.events import EventLog
-from node_agent.smoke.outcome import SmokeRequest, failure_kind
+from node_agent.smoke.outcome import OutcomeKind, SmokeRequest
+from node_agent.smoke.rules import failure_kind
 
 EXIT_FAIL = 1
 EXIT_MISSING = 3
@@ -52,7 +53,7 @@ EXIT_REFUSED = 4
 
 
 class StepFailed(Exception):
-    def __init__(self, step: str, kind: str, message: str) -> None:
+    def __init__(self, step: str, kind: OutcomeKind, message: str) -> None:
         super().__init__(message)
         self.step = step
         self.kind = kind

@@ -20,7 +20,7 @@ from .builders import shape_plan
 B, MN, T, C = contract.LABEL_BACKEND, contract.LABEL_MNNVL, contract.LABEL_TRTLLM, contract.LABEL_CLIQUE
 CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
 
-# The labels the agent writes for each shipped host fixture (tests/node_agent/test_verdict_over_fixtures.py
+# The labels the agent writes for each shipped host fixture (tests/node_agent/pure/test_verdict_over_fixtures.py
 # proves them by probing the fixture), plus a node never probed.
 FIXTURE_LABELS: dict[str, dict[str, str]] = {
     "h200x2-host": {B: "trtllm", MN: "skipped", T: "pass"},

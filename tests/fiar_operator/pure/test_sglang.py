@@ -37,7 +37,7 @@ CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
 OFF = contract.SGLANG_FLAGS["off"]
 ENGINE = contract.SGLANG_FLAGS["engine"]
 
-# The labels the agent writes for the shipped host fixtures (tests/node_agent/test_verdict_over_fixtures.py),
+# The labels the agent writes for the shipped host fixtures (tests/node_agent/pure/test_verdict_over_fixtures.py),
 # a trtllm node without multicast, and a node never probed.
 FIXTURES: dict[str, dict[str, str]] = {
     "h200x2-host": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass"},

@@ -94,7 +94,7 @@ def test_a_rank_refuses_mnnvl_under_the_policy_before_importing_anything(module:
         "WORLD_SIZE": "2",
         "FIAR_EVENTS_FILE": str(events),
     }
-    fixture = str(Path(__file__).parents[2] / "node_agent" / "fixtures" / "h100x8-nvswitch-healthy.json")
+    fixture = str(Path(__file__).parents[3] / "node_agent" / "fixtures" / "h100x8-nvswitch-healthy.json")
     argv = [sys.executable, "-m", module, "--backend", "mnnvl", "--fixture", fixture]
     if module.endswith(".worker"):
         argv = argv[:-2]

@@ -19,7 +19,8 @@ from node_agent.hardware import SimulatedHardware
 from node_agent.probe import ProbeConfig, probe
 from node_agent.smoke import launcher
 from node_agent.smoke.events import read_events
-from node_agent.smoke.outcome import SmokeRequest, classify, failure_kind
+from node_agent.smoke.outcome import SmokeRequest
+from node_agent.smoke.rules import classify, failure_kind
 
 
 def _with_trtllm(outcome: str, **extra: Any) -> Callable[[dict[str, Any]], None]:

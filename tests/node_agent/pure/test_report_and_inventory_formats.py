@@ -11,7 +11,7 @@ import pytest
 from node_agent import hardware, inventory, report
 from node_agent.errors import FixtureError
 from node_agent.probe import ProbeConfig, probe
-from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
+from node_agent.smoke.outcome import BenchPoint, Measurements, SmokeOutcome
 
 SHIPPED = sorted(p.stem for p in hardware.FIXTURES.glob("*.json"))
 
@@ -79,7 +79,8 @@ def test_oversized_report_drops_benchmark_points_first() -> None:
     result = probe(hardware.SimulatedHardware(Path("h200x2-host")), ProbeConfig(), environ={})
     points = tuple(BenchPoint(h, t, 50.0, 40.0, 4.0) for h in range(4096, 4096 + 3000) for t in (1,))
     big = dict(result.report)
-    big["tests"] = {**big["tests"], "trtllm": SmokeOutcome("trtllm", "pass", "ok", bench=points).to_dict()}
+    slow = SmokeOutcome("trtllm", "pass", "ok", measured=Measurements(bench=points))
+    big["tests"] = {**big["tests"], "trtllm": slow.to_dict()}
     text = report.dumps(big)
     assert len(text.encode()) <= report.MAX_BYTES
     assert "bench" not in json.loads(text)["tests"]["trtllm"]
@@ -147,7 +148,7 @@ def test_a_report_without_a_probe_time_is_no_previous_report() -> None:
 def test_a_previous_report_read_back_from_the_annotation_equals_the_probe_it_came_from() -> None:
     result = probe(hardware.SimulatedHardware(Path("h200x1-device")), ProbeConfig(), environ={})
     parsed, why = report.PreviousReport.parse(report.dumps(result.report))
-    assert parsed == report.PreviousReport.of_probe(result), why
+    assert parsed == result.as_previous(), why
 
 
 ODD_VALUES: list[Any] = [None, True, -1, 1e999, "x", "9" * 5000, [], {}, [1e999], {"a": None}, [["x"]]]

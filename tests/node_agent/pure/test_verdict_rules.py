@@ -9,7 +9,7 @@ import pytest
 import fiar_contract as contract
 from node_agent import inventory
 from node_agent.policy import HostPolicy
-from node_agent.smoke.outcome import BenchPoint, SmokeOutcome
+from node_agent.smoke.outcome import BenchPoint, Measurements, SmokeOutcome
 from node_agent.verdict import (
     BackendJudgement,
     PreviousVerdict,
@@ -47,7 +47,7 @@ def inv(*gpus: inventory.Gpu, exported: bool | None = True) -> inventory.Invento
 
 def passed(backend: contract.Backend, *ratios: float) -> SmokeOutcome:
     bench = tuple(BenchPoint(4096, 2**i, 100.0, 100.0 * r) for i, r in enumerate(ratios))
-    return SmokeOutcome(backend, "pass", "ok", devices=(0, 1), bench=bench)
+    return SmokeOutcome(backend, "pass", "ok", devices=(0, 1), measured=Measurements(bench=bench))
 
 
 def failed(backend: contract.Backend, kind: str = "error") -> SmokeOutcome:
@@ -432,7 +432,9 @@ MN_BIND_EVERY_RANK = SmokeOutcome(
 MN_NULL_EVERY_RANK = dataclasses.replace(MN_BIND_EVERY_RANK, kind="null_mc_ptr")
 MN_BIND_SOME_RANKS = dataclasses.replace(MN_BIND_EVERY_RANK, failed_on_every_rank=False)
 FM_DOWN = inv(gpu(0, fabric=INCOMPLETE), gpu(1, fabric=COMPLETE))
-MN_GRAPH_CRASH = SmokeOutcome("mnnvl", "fail", "crash", steps={"workspace": 0.1, "eager": 0.1}, failed_step="graph")
+MN_GRAPH_CRASH = SmokeOutcome(
+    "mnnvl", "fail", "crash", measured=Measurements(steps={"workspace": 0.1, "eager": 0.1}), failed_step="graph"
+)
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,7 @@ def test_results_of_another_driver_are_not_reused(host_file: Callable[..., Path]
         SimulatedHardware(host_file("h200x2-host", busy_new_driver)),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(idle),
+        previous=idle.as_previous(),
     )
     assert busy.labels[T] == "skipped"
 
@@ -182,7 +182,7 @@ def test_inconclusive_probe_keeps_the_verdict_of_the_same_hardware(host_file: Ca
         SimulatedHardware(host_file("h200x2-host", _busy)),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(broken),
+        previous=broken.as_previous(),
         clock=hour,
     )
     assert again.labels == idle.labels
@@ -208,7 +208,7 @@ def test_inconclusive_probe_of_changed_hardware_or_policy_writes_no_backend(
         SimulatedHardware(host_file("h200x2-host", change)),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(idle),
+        previous=idle.as_previous(),
     )
     assert B not in changed.labels
     assert "labels_kept_from" not in changed.report
@@ -222,7 +222,7 @@ def test_unreadable_gpus_keep_the_verdict_until_they_read_again(host_file: Calla
         SimulatedHardware(host_file("h200x2-host", _sim(nvml="missing"))),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(idle),
+        previous=idle.as_previous(),
     )
     assert blind.labels == idle.labels, "backend, tests and GPU count of the last readable probe"
     assert blind.report["labels_kept_from"] == idle.report["probe_time"] and blind.exit_code == 1
@@ -235,7 +235,7 @@ def test_unreadable_gpus_keep_the_verdict_until_they_read_again(host_file: Calla
         SimulatedHardware(host_file("h200x2-host", blind_and_lifted)),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(idle),
+        previous=idle.as_previous(),
     )
     assert B not in other_policy.labels, "a changed host policy is a different verdict"
 
@@ -250,7 +250,7 @@ def test_conclusive_failure_replaces_a_kept_verdict(host_file: Callable[..., Pat
         SimulatedHardware(host_file("h200x2-host", failing)),
         ProbeConfig(),
         environ={},
-        previous=report.PreviousReport.of_probe(idle),
+        previous=idle.as_previous(),
     )
     assert failed.labels[B] == "none"
     assert failed.labels[T] == "fail"
