@@ -58,14 +58,20 @@ def main() -> int:
     print(f"{' '.join(script)}; {args.runs} runs each, alternated; medians; after/before per run pair")
     head = "".join(f" {'before ' + f:>10} {'after ' + f:>10} {'ratio':>6}" for f in ("p50", "p99"))
     print(f"{'case':66}{head}")
+    spread: dict[str, list[str]] = {case: [] for case in cases}
     for case in cases:
         line = f"{case:66}"
         for column in (0, 1):
             before = [r[case][column] for r in runs["before"]]
             after = [r[case][column] for r in runs["after"]]
-            ratio = statistics.median(a / b for a, b in zip(after, before, strict=True))
-            line += f" {statistics.median(before):10.1f} {statistics.median(after):10.1f} {ratio:6.2f}"
+            ratios = sorted(a / b for a, b in zip(after, before, strict=True))
+            spread[case].append(f"{ratios[0]:.2f}-{ratios[-1]:.2f}")
+            middle = statistics.median(before), statistics.median(after), statistics.median(ratios)
+            line += f" {middle[0]:10.1f} {middle[1]:10.1f} {middle[2]:6.2f}"
         print(line)
+    print("\nper-pair ratios, min-max (p50, p99):")
+    for case in cases:
+        print(f"{case:66} {'  '.join(spread[case])}")
     return 0
 
 
