@@ -71,7 +71,7 @@ class Reconciler:
             store, kube, settings.status_interval, unconfigured=self.unconfigured.pods, marks=marks
         )
         self.webhooks = WebhookSync(kube, settings.webhook_config)
-        self.events = Poster(kube, identity, stop, waiting=lambda: heartbeats.beat(liveness.RECONCILER))
+        self.events = Poster(kube, identity, stop, waiting=lambda: self.heartbeats.beat(liveness.RECONCILER))
         self._warned: set[tuple[str, str]] = set()
         """(uid, reason) of the one-off Warning events already asked for."""
         self._policies_seen: dict[str, Policy | str] = {}
