@@ -200,14 +200,15 @@ def guard(policy: Policy, facts: NodeFacts | None) -> bool:
 def pending(policy: Policy) -> Decision:
     """The CREATE-time decision of a pod not yet bound: the fallback, fusion off, the multicast guard on;
     replaced at binding."""
+    fusion_of = fusion(policy, "Pending")
     return Decision(
         policy.fallback,
         "Pending",
         policy.name,
         trigger="create",
-        fusion=fusion(policy, "Pending"),
+        fusion=fusion_of,
         guard=guard(policy, None),
-        sglang_flag=_sglang_flag(policy, fusion(policy, "Pending"), "Pending", frozenset(), multi=False),
+        sglang_flag=_sglang_flag(policy, fusion_of, "Pending", frozenset(), multi=False),
     )
 
 
