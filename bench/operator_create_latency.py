@@ -119,12 +119,20 @@ def start_noop(plane: ControlPlane, workdir: Path, pin: bool, patch: str | None 
     return noop
 
 
+RELEASED_IMAGE = "vllm/vllm-openai:v0.33.0"
+"""The image of every benchmark pod: a release tag, as a Deployment names it. With an untagged image
+fiar cannot tell which of vLLM's FlashInfer paths its fusion control turns off, and posts one
+``FlashInferNotTurnedOff`` Warning per managed pod on a node that verifies no backend
+(``--untagged`` measures that; BENCHMARKS.md)."""
+IMAGE = RELEASED_IMAGE
+
+
 def pod(i: int, managed: bool) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"p-{i:06d}", "labels": {"app": "vllm" if managed else "web"}},
-        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve", "m"]}]},
+        "spec": {"containers": [{"name": "vllm", "image": IMAGE, "command": ["vllm", "serve", "m"]}]},
     }
 
 
@@ -170,6 +178,19 @@ def batch(
     if not keep:
         delete_pods(client, namespace)
     return [t for t, _ in done], elapsed, sum(not right for _, right in done)
+
+
+def take_events(client: kube.Kube) -> dict[str, int]:
+    """Events in the managed namespace by reason (any component), then deleted: what a webhook's
+    process posted for one batch (each an API request it paid for)."""
+    path = f"/api/v1/namespaces/{MANAGED_NS}/events"
+    found: dict[str, int] = {}
+    for event in client.call("GET", path, timeout=60.0)["items"]:
+        reason = str(event.get("reason") or "")
+        found[reason] = found.get(reason, 0) + 1
+    if found:
+        client.call("DELETE", path, timeout=60.0)
+    return found
 
 
 def delete_pods(client: kube.Kube, namespace: str) -> None:
@@ -352,7 +373,11 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=("closed", "pinned", "open"), help="loop modes, in turn")
     parser.add_argument("--fleet", type=int, nargs=2, metavar=("NODES", "PODS"), help="fill the plane first")
     parser.add_argument("--bind", action="store_true", help="bind every managed pod, and check its backend")
+    parser.add_argument("--untagged", action="store_true", help="pods of an untagged vLLM image (see RELEASED_IMAGE)")
     args = parser.parse_args()
+    if args.untagged:
+        global IMAGE
+        IMAGE = "vllm/vllm-openai"
     modes: list[str] = args.modes or ["open" if args.rate else "pinned" if args.pin else "closed"]
     rate_open = args.rate or 200.0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fiar-create-"))
@@ -419,6 +444,8 @@ def main() -> None:
         bind_rates: dict[str, list[float]] = {}
         bind_wrong: dict[str, int] = {}
         rss: dict[str, list[float]] = {}
+        events: dict[tuple[str, str], int] = {}
+        """(cell, reason) -> Events posted in the managed namespace over its managed batches."""
         counter = args.pods * 2
         for managed in (False, True):  # warm-up, not counted
             batch(client, managed, args.pods, args.creators, 0 if managed else args.pods)
@@ -451,6 +478,8 @@ def main() -> None:
                                 total(own_text, HANDLER, webhook="pods"),
                             )
                             keep = managed and args.bind
+                            if managed:
+                                take_events(client)
                             times, elapsed, bad = batch(client, managed, count, args.creators, counter, rate, keep)
                             if keep:
                                 taken, seconds = bind(client, counter, count, args.creators, targets)
@@ -464,6 +493,9 @@ def main() -> None:
                                     shares.setdefault((cell, name), []).append(
                                         (seconds - spent_before[name]) * 1000 / count
                                     )
+                            if managed:
+                                for reason, n in take_events(client).items():
+                                    events[(cell, reason)] = events.get((cell, reason), 0) + n
                             key = (cell, label)
                             wrong[key] = wrong.get(key, 0) + bad
                             if kind in ("fiar", "fiar2s", "kyverno") and managed:
@@ -528,6 +560,8 @@ def main() -> None:
             )
         for configuration, values in rss.items():
             print(json.dumps({"rss_peak_mib": configuration, "values": [round(v) for v in values]}))
+        for (cell, reason), n in sorted(events.items()):
+            print(json.dumps({"events_in_managed_namespace": cell, "reason": reason, "count": n}))
         for cell, bounds in handler.items():
             own_bounds, call_bounds = bounds[0::2], bounds[1::2]
             print(

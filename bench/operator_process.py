@@ -2,6 +2,10 @@
 
 ``operator_fleet.py`` and ``operator_create_latency.py`` start the operator of this tree, or of an
 older tree (``source``, put first on PYTHONPATH), as a standalone replica on loopback ports.
+
+With ``FIAR_BENCH_PY_SPY`` set to a py-spy executable (not a dependency of fiar: ``pip install py-spy``
+into any environment), each operator is sampled from ready until it stops (``py-spy record --gil
+--nonblocking --format raw``: the samples that hold the GIL, one folded-stack file beside its log).
 """
 
 from __future__ import annotations
@@ -79,7 +83,17 @@ class OperatorProcess:
         except BaseException:
             self.stop()
             raise
-        return time.monotonic() - self.started
+        ready = time.monotonic() - self.started
+        spy = os.environ.get("FIAR_BENCH_PY_SPY")
+        if spy and type(self) is OperatorProcess:
+            folded = self.log.with_suffix(".folded")
+            argv = [spy, "record", "--gil", "--nonblocking", "--format", "raw", "--rate", "200"]
+            self.spy: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [*argv, "--pid", str(self.pid), "-o", str(folded)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        return ready
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
@@ -89,6 +103,13 @@ class OperatorProcess:
         os.killpg(self.pid, signal.SIGSTOP)
 
     def stop(self) -> None:
+        spy = getattr(self, "spy", None)
+        if spy is not None:  # py-spy writes its samples on SIGINT
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         os.killpg(self.pid, signal.SIGCONT)
         os.killpg(self.pid, signal.SIGTERM)
         try:

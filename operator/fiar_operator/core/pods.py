@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
 
 import fiar_contract as contract
 from fiar_operator.core.commands import plan_command
@@ -14,6 +15,7 @@ from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.core.policy import LWS_SIZE, Policy
 from fiar_operator.core.releases import image_release
 from fiar_operator.core.selectors import ANYWHERE, NodeConstraint, node_constraint
+from fiar_operator.core.strings import SHARED
 
 GENERATED_SUFFIX: Final = 5
 """Characters the API server appends to ``generateName`` (names.SimpleNameGenerator)."""
@@ -21,6 +23,20 @@ GENERATED_BASE_MAX: Final = 63 - GENERATED_SUFFIX
 """The API server truncates ``generateName`` to this many characters before appending the suffix."""
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+NOTHING: Final[Mapping[str, str]] = MappingProxyType({})
+"""The one empty mapping every record without labels, starts or reasons shares."""
+NONE: Final[frozenset[Any]] = frozenset()
+"""The one empty set likewise (each ``frozenset()`` of an empty iterable is a new 216-byte object)."""
+T = TypeVar("T")
+
+
+def _set(found: Iterable[T]) -> frozenset[T]:
+    return frozenset(found) or NONE
+
+
+def _nothing() -> Mapping[str, str]:
+    return NOTHING
 
 
 def field_path(annotation: str) -> str:
@@ -39,7 +55,7 @@ INJECTED: Final = {
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     namespace: str
     name: str
@@ -50,7 +66,7 @@ class PodRecord:
     phase: str = ""
     deleting: bool = False
     resource_version: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=_nothing)
     lws_size: int = 0
     backend: str | None = None
     decision: Mapping[str, Any] | None = None
@@ -59,7 +75,7 @@ class PodRecord:
     """Every required node-selector term demands fiar.io/backend In [mnnvl] and fiar.io/clique Exists."""
     clique_affinity: frozenset[tuple[str, str]] = frozenset()
     """(label, value) of required pod-affinity terms whose topologyKey is fiar.io/clique."""
-    container_starts: Mapping[str, str] = field(default_factory=dict)
+    container_starts: Mapping[str, str] = field(default_factory=_nothing)
     """Container name -> RFC 3339 time the running container started."""
     containers: tuple[tuple[str, bool], ...] = ()
     """(name, sets the backend variable itself) of each container, in spec order."""
@@ -77,7 +93,7 @@ class PodRecord:
     uncontrolled: tuple[str, ...] = ()
     """Managed pods only: containers whose command fiar cannot make read the fusion decision (it does
     not understand it) and that do not set the fusion themselves."""
-    uncontrolled_reasons: Mapping[str, str] = field(default_factory=dict)
+    uncontrolled_reasons: Mapping[str, str] = field(default_factory=_nothing)
     """Why, per container of ``uncontrolled`` (``commands.CommandPlan.reason``)."""
     imex_claims: frozenset[str] = frozenset()
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
@@ -117,9 +133,13 @@ class PodRecord:
         return not self.deleting and self.phase not in TERMINAL_PHASES
 
 
-def _str_map(raw: Any) -> dict[str, str]:
-    if not isinstance(raw, Mapping):
-        return {}
+def _str_map(raw: Any, shared: bool = False) -> Mapping[str, str]:
+    """``raw`` as strings; ``shared``: keys and values shared with other records (labels, not annotations,
+    which a record does not keep and which can be large)."""
+    if not isinstance(raw, Mapping) or not raw:
+        return NOTHING
+    if shared:
+        return {SHARED(k): SHARED(v) for k, v in raw.items()}
     return {str(k): str(v) for k, v in raw.items()}
 
 
@@ -155,16 +175,16 @@ def _clique_affinity(spec: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
         if len(match) == 1 and not selector.get("matchExpressions"):
             ((key, value),) = match.items()
             found.add((str(key), str(value)))
-    return frozenset(found)
+    return _set(found)
 
 
-def _starts(status: Mapping[str, Any]) -> dict[str, str]:
+def _starts(status: Mapping[str, Any]) -> Mapping[str, str]:
     starts = {}
     for cs in status.get("containerStatuses") or []:
         running = (cs.get("state") or {}).get("running") or {}
         if running.get("startedAt") and cs.get("name"):
-            starts[str(cs["name"])] = str(running["startedAt"])
-    return starts
+            starts[SHARED(cs["name"])] = str(running["startedAt"])
+    return starts or NOTHING
 
 
 def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
@@ -181,7 +201,7 @@ def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
         explicit = any(
             isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR and not is_injected(e) for e in env or []
         )
-        found.append((str(container.get("name", "")), explicit))
+        found.append((SHARED(container.get("name", "")), explicit))
     return tuple(found)
 
 
@@ -207,7 +227,7 @@ def annotations_read(spec: Mapping[str, Any]) -> frozenset[str]:
             for entry in env if isinstance(env, list) else []:
                 if isinstance(entry, Mapping) and is_injected(entry):
                     found.add(INJECTED[str(entry["name"])])
-    return frozenset(found)
+    return _set(found)
 
 
 def _uncontrolled(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -238,7 +258,7 @@ def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
         for key in ("resourceClaimTemplateName", "resourceClaimName"):
             if claim.get(key):
                 found.add(str(claim[key]))
-    return frozenset(found)
+    return _set(found)
 
 
 def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -246,7 +266,7 @@ def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     found = []
     for container in containers if isinstance(containers, list) else []:
         if isinstance(container, Mapping) and (release := image_release(container.get("image"))) is not None:
-            found.append((str(container.get("name", "")), release))
+            found.append((SHARED(container.get("name", "")), SHARED(release)))
     return tuple(found)
 
 
@@ -275,7 +295,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    labels = _str_map(meta.get("labels"))
+    labels = _str_map(meta.get("labels"), shared=True)
     annotations = _str_map(meta.get("annotations"))
     try:
         constraint = node_constraint(spec)
@@ -287,13 +307,13 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
     uncontrolled = _uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else {}
     return PodRecord(
-        namespace=str(meta.get("namespace") or ""),
+        namespace=SHARED(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        generate_name=str(meta.get("generateName") or ""),
+        generate_name=SHARED(meta.get("generateName") or ""),
         policy=labels.get(contract.LABEL_POD_POLICY) or None,
-        node=str(spec.get("nodeName")) if spec.get("nodeName") else None,
-        phase=str(status.get("phase") or ""),
+        node=SHARED(spec.get("nodeName")) if spec.get("nodeName") else None,
+        phase=SHARED(status.get("phase") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion") or ""),
         labels=labels,
@@ -322,7 +342,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         ),
         reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
         uncontrolled=tuple(uncontrolled),
-        uncontrolled_reasons=uncontrolled,
+        uncontrolled_reasons=uncontrolled or NOTHING,
         imex_claims=claims,
         releases=_releases(spec) if isinstance(spec, Mapping) else (),
     )

@@ -150,7 +150,7 @@ def node_constraint(spec: Mapping[str, Any]) -> NodeConstraint:
             except PolicyError:
                 continue
         terms.append(tuple(reqs))
-    return NodeConstraint(pairs, tuple(terms))
+    return NodeConstraint(pairs, tuple(terms)) if pairs or terms else ANYWHERE
 
 
 def _required_terms(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:

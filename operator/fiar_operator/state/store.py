@@ -21,6 +21,7 @@ from typing import Any, Final, Protocol
 from fiar_operator.core import policy as policies
 from fiar_operator.core.errors import PolicyError
 from fiar_operator.core.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
+from fiar_operator.core.strings import SHARED
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class Store:
         with self._lock:
             if not _newer(version, self._node_versions.get(name, "")):
                 return
-            labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            labels = {SHARED(k): SHARED(v) for k, v in (meta.get("labels") or {}).items()}
             if self.nodes.get(name) != labels:  # a status heartbeat changes no label
                 self.node_changes += 1
             self.nodes[name] = labels
@@ -205,17 +206,18 @@ class Store:
     # -- pods ------------------------------------------------------------------------------------
     def put_pod(self, obj: Mapping[str, Any]) -> PodRecord:
         record = pod_record(obj)
+        key = record.key  # one tuple for the pod's entries in every index
         with self._lock:
-            old = self.pods.get(record.key)
+            old = self.pods.get(key)
             if old is not None and old.uid == record.uid and not _newer(record.resource_version, old.resource_version):
                 return old
             if old is not None:
                 self._unindex(old)
-            self.pods[record.key] = record
+            self.pods[key] = record
             if record.policy:
-                self.by_policy.setdefault(record.policy, set()).add(record.key)
+                self.by_policy.setdefault(record.policy, set()).add(key)
                 if record.node:
-                    self.by_node.setdefault(record.node, set()).add(record.key)
+                    self.by_node.setdefault(record.node, set()).add(key)
         return record
 
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
