@@ -286,7 +286,7 @@ class Server:
                 b.work_deadline,
             )
             self.metrics.admission(webhook, "deadline")
-            answer = respond(job.review)
+            answer = respond(job.review, warnings=[f"pod not configured: not answered within {b.work_deadline:g} s"])
         except Exception as exc:  # one line, no traceback: hostile input must not flood the log
             assert job.review is not None
             log.warning(

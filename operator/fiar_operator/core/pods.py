@@ -55,7 +55,7 @@ INJECTED: Final = {
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PodRecord:
     namespace: str
     name: str
