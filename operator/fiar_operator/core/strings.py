@@ -14,12 +14,14 @@ input; a record keeps the copy it was given, and strings seen after a reset are 
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 ENTRIES: Final = 1 << 16
 """Strings the table holds at most before it starts over."""
-CHARACTERS: Final = 4 * 1024 * 1024
-"""Characters it holds at most before it starts over (with ``ENTRIES``: about 10 MiB at worst)."""
+BYTES: Final = 8 * 1024 * 1024
+"""Bytes of strings it holds at most before it starts over (``sys.getsizeof``: a character outside
+Latin-1 takes 2 or 4 bytes); with the table's own 65,536 slots, about 11 MiB at worst."""
 LONGEST: Final = 316
 """Longer strings are never shared (a label key is at most 253 + 1 + 63 characters)."""
 
@@ -27,8 +29,8 @@ LONGEST: Final = 316
 class Shared:
     """``shared(value)``: ``value`` as a string, the copy already held when the table has one."""
 
-    def __init__(self, entries: int = ENTRIES, characters: int = CHARACTERS, longest: int = LONGEST) -> None:
-        self.entries, self.characters, self.longest = entries, characters, longest
+    def __init__(self, entries: int = ENTRIES, size: int = BYTES, longest: int = LONGEST) -> None:
+        self.entries, self.size, self.longest = entries, size, longest
         self._table: dict[str, str] = {}
         self._held = 0
 
@@ -39,10 +41,11 @@ class Shared:
         found = self._table.get(text)
         if found is not None:
             return found
-        if len(self._table) >= self.entries or self._held + len(text) > self.characters:
+        size = sys.getsizeof(text)
+        if len(self._table) >= self.entries or self._held + size > self.size:
             self._table, self._held = {}, 0  # a thread still adding to the old table adds to nothing
         self._table[text] = text
-        self._held += len(text)
+        self._held += size
         return text
 
     def __len__(self) -> int:

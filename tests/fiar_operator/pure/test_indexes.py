@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import fiar_contract as contract
@@ -145,7 +146,7 @@ def test_node_labels_alike_are_held_once() -> None:
 def test_the_table_of_shared_strings_starts_over_when_full_and_keeps_no_long_string() -> None:
     """Tenants write the strings: the table is bounded whatever they write, and what it forgot is
     shared again from the next time it is seen."""
-    table = Shared(entries=4, characters=1_000, longest=10)
+    table = Shared(entries=4, size=100_000, longest=10)
     first = [table(f"v{i}") for i in range(4)]
     assert len(table) == 4 and table("".join(["v", "0"])) is first[0]
     table("v4")  # the fifth: the table starts over
@@ -154,7 +155,11 @@ def test_the_table_of_shared_strings_starts_over_when_full_and_keeps_no_long_str
     assert again == "v1" and table("".join(["v", "1"])) is again
     long = "x" * 11
     assert table(long) is long and len(table) == 2
-    by_characters = Shared(entries=100, characters=6, longest=10)
-    by_characters("abc"), by_characters("def")
-    by_characters("ghi")
-    assert len(by_characters) == 1
+    by_size = Shared(entries=100, size=2 * sys.getsizeof("abc"), longest=10)
+    by_size("abc"), by_size("def")
+    by_size("ghi")
+    assert len(by_size) == 1
+    wide = Shared(entries=100, size=2 * sys.getsizeof("abc"), longest=10)
+    wide("\U0001f600" * 3)  # four bytes a character: the bound is in bytes, not characters
+    wide("abc")
+    assert len(wide) == 1
