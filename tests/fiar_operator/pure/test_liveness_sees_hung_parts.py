@@ -92,8 +92,10 @@ def test_a_blocked_event_loop_makes_healthz_fail_and_recovers_when_it_turns_agai
     pulse = asyncio.run_coroutine_threadsafe(server.heartbeats.pulse("kopf-loop", within=0.4, every=0.05), loop)
     try:
         assert healthz(server)[0] == 200
-        loop.call_soon_threadsafe(time.sleep, 1.5)  # the loop runs a call that blocks it
-        unhealthy = wait_for(lambda: (got := healthz(server))[0] == 503 and got, 1.4, "unhealthy")
+        # The loop runs a call that blocks it for 3 s: the beats stop being due after 0.4 s, and the
+        # probe has the rest of the 3 s to see it (1.5 s was too little once on a clean-clone run).
+        loop.call_soon_threadsafe(time.sleep, 3.0)
+        unhealthy = wait_for(lambda: (got := healthz(server))[0] == 503 and got, 2.8, "unhealthy")
         assert "no progress: kopf-loop" in unhealthy[1]
         wait_for(lambda: healthz(server)[0] == 200, 5, "healthy again once the loop turns")
     finally:
