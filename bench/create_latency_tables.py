@@ -67,8 +67,7 @@ def main() -> None:
         for c in configurations:
             managed, plain = create[(c, mode, "managed")], create[(c, mode, "unmanaged")]
             bind = binds.get(f"{c}@{mode}", {})
-            ratio = f"{managed['p99_ms'] / floor['p99_ms']:.2f}" if floor and not c.endswith("frozen") else ""
-            ratio = "" if "frozen" in c else ratio
+            ratio = "" if "frozen" in c or not floor else f"{managed['p99_ms'] / floor['p99_ms']:.2f}"
             cell = f"{c}@{mode}"
             spent = "; ".join(
                 ", ".join(f"{v:.2f}" for v in cpu.get((cell, p), [])) for p in ("webhook", "kube-apiserver", "etcd")

@@ -27,6 +27,9 @@ from devcluster.waiting import wait_for
 class OperatorProcess:
     """``fiar-operator run --standalone`` against ``kubeconfig``, its output in a log under ``workdir``."""
 
+    spy: subprocess.Popen[bytes] | None = None
+    """py-spy sampling this operator (``FIAR_BENCH_PY_SPY``)."""
+
     def __init__(
         self,
         kubeconfig: Path,
@@ -88,7 +91,7 @@ class OperatorProcess:
         if spy and type(self) is OperatorProcess:
             folded = self.log.with_suffix(".folded")
             argv = [spy, "record", "--gil", "--nonblocking", "--format", "raw", "--rate", "200"]
-            self.spy: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self.spy = subprocess.Popen(
                 [*argv, "--pid", str(self.pid), "-o", str(folded)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -103,13 +106,12 @@ class OperatorProcess:
         os.killpg(self.pid, signal.SIGSTOP)
 
     def stop(self) -> None:
-        spy = getattr(self, "spy", None)
-        if spy is not None:  # py-spy writes its samples on SIGINT
-            spy.send_signal(signal.SIGINT)
+        if self.spy is not None:  # py-spy writes its samples on SIGINT
+            self.spy.send_signal(signal.SIGINT)
             try:
-                spy.wait(30)
+                self.spy.wait(30)
             except subprocess.TimeoutExpired:
-                spy.kill()
+                self.spy.kill()
         os.killpg(self.pid, signal.SIGCONT)
         os.killpg(self.pid, signal.SIGTERM)
         try:

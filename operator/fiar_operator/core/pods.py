@@ -15,7 +15,7 @@ from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.core.policy import LWS_SIZE, Policy
 from fiar_operator.core.releases import image_release
 from fiar_operator.core.selectors import ANYWHERE, NodeConstraint, node_constraint
-from fiar_operator.core.strings import SHARED
+from fiar_operator.core.strings import SHARED, shared_strings
 
 GENERATED_SUFFIX: Final = 5
 """Characters the API server appends to ``generateName`` (names.SimpleNameGenerator)."""
@@ -139,7 +139,7 @@ def _str_map(raw: Any, shared: bool = False) -> Mapping[str, str]:
     if not isinstance(raw, Mapping) or not raw:
         return NOTHING
     if shared:
-        return {SHARED(k): SHARED(v) for k, v in raw.items()}
+        return shared_strings(raw)
     return {str(k): str(v) for k, v in raw.items()}
 
 
@@ -303,7 +303,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         clique_affinity = _clique_affinity(spec)
         claims = _claims(spec)
     except (AttributeError, TypeError):
-        constraint, pinned, clique_affinity, claims = ANYWHERE, False, frozenset(), frozenset()
+        constraint, pinned, clique_affinity, claims = ANYWHERE, False, NONE, NONE
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
     uncontrolled = _uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else {}
     return PodRecord(
@@ -340,7 +340,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         sglang=contract.pod_annotation_value(
             contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
         ),
-        reads=annotations_read(spec) if isinstance(spec, Mapping) else frozenset(),
+        reads=annotations_read(spec) if isinstance(spec, Mapping) else NONE,
         uncontrolled=tuple(uncontrolled),
         uncontrolled_reasons=uncontrolled or NOTHING,
         imex_claims=claims,

@@ -15,7 +15,8 @@ input; a record keeps the copy it was given, and strings seen after a reset are 
 from __future__ import annotations
 
 import sys
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 ENTRIES: Final = 1 << 16
 """Strings the table holds at most before it starts over."""
@@ -54,3 +55,8 @@ class Shared:
 
 SHARED: Final = Shared()
 """The table of the process's indexes."""
+
+
+def shared_strings(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """A map of labels as strings, keys and values from ``SHARED``."""
+    return {SHARED(k): SHARED(v) for k, v in raw.items()}

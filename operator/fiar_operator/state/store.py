@@ -21,7 +21,7 @@ from typing import Any, Final, Protocol
 from fiar_operator.core import policy as policies
 from fiar_operator.core.errors import PolicyError
 from fiar_operator.core.pods import GENERATED_BASE_MAX, PodRecord, generated_base, pod_record
-from fiar_operator.core.strings import SHARED
+from fiar_operator.core.strings import shared_strings
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Store:
         with self._lock:
             if not _newer(version, self._node_versions.get(name, "")):
                 return
-            labels = {SHARED(k): SHARED(v) for k, v in (meta.get("labels") or {}).items()}
+            labels = shared_strings(meta.get("labels") or {})
             if self.nodes.get(name) != labels:  # a status heartbeat changes no label
                 self.node_changes += 1
             self.nodes[name] = labels
