@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import logging
 import threading
 import time
@@ -71,6 +72,15 @@ ROUTES: Final = (
     Route("pods", "/mutate/pods", lambda admission: admission.pod_create),
     Route("binding", "/mutate/binding", lambda admission: admission.binding),
 )
+
+
+def encode(answer: Mapping[str, Any]) -> bytes:
+    """The body of an answer (on a review thread: the event loop only sends it)."""
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def encoded(answer: Mapping[str, Any] | Need) -> bytes | Need:
+    return answer if isinstance(answer, Need) else encode(answer)
 
 
 class _Job:
@@ -254,12 +264,17 @@ class Server:
         if request.content_length is not None and request.content_length > b.max_body:
             return self._refuse(webhook, 413, f"the body exceeds {b.max_body} bytes")
         assert self._budget is not None
+        size = request.content_length or b.max_body
+        share = self._budget.take_now(size)
+        if share is None:
+            try:
+                share = await asyncio.wait_for(self._budget.acquire(size), b.read_deadline)
+            except asyncio.TimeoutError:
+                return self._refuse(webhook, 503, "too many reviews in progress", "busy")
         try:
-            share = await asyncio.wait_for(self._budget.acquire(request.content_length or b.max_body), b.read_deadline)
-        except asyncio.TimeoutError:
-            return self._refuse(webhook, 503, "too many reviews in progress", "busy")
-        try:
-            body = await asyncio.wait_for(request.read(), b.read_deadline)
+            # A body already received whole is read at once: no deadline, and no task for it.
+            reading = request.read()
+            body = await (reading if request.content.is_eof() else asyncio.wait_for(reading, b.read_deadline))
         except web.HTTPRequestEntityTooLarge:
             await self._budget.release(share)
             return self._refuse(webhook, 413, f"the body exceeds {b.max_body} bytes")
@@ -272,7 +287,7 @@ class Server:
         job = _Job(body, limits.Budget.within(b.work_deadline))
         del body
         try:
-            answer = await asyncio.wait_for(self._answer(job, route), b.work_deadline)
+            answer = await self._answer(job, route)
         except ReviewError as exc:
             log.warning("%s webhook: malformed review from %s: %.200s", webhook, request.remote, exc)
             return self._refuse(webhook, 400, str(exc))
@@ -286,7 +301,9 @@ class Server:
                 b.work_deadline,
             )
             self.metrics.admission(webhook, "deadline")
-            answer = respond(job.review, warnings=[f"pod not configured: not answered within {b.work_deadline:g} s"])
+            answer = encode(
+                respond(job.review, warnings=[f"pod not configured: not answered within {b.work_deadline:g} s"])
+            )
         except Exception as exc:  # one line, no traceback: hostile input must not flood the log
             assert job.review is not None
             log.warning(
@@ -297,27 +314,34 @@ class Server:
                 exc,
             )
             self.metrics.admission(webhook, "error")
-            answer = respond(job.review)
+            answer = encode(respond(job.review))
         finally:
             await self._budget.release(share)
-        return web.json_response(answer)
+        return web.Response(body=answer, content_type="application/json")
 
     def _refuse(self, webhook: str, status: int, message: str, result: str = "bad_request") -> web.Response:
         self.metrics.admission(webhook, result)
         return web.json_response({"error": message}, status=status)
 
-    async def _answer(self, job: _Job, route: Route) -> dict[str, Any]:
-        """Parse and answer on the thread pool (one hop); a ``Need`` is read here, then answered there."""
-        first = await self._on_review_thread(functools.partial(self._first, job, route))
-        assert job.review is not None
+    async def _answer(self, job: _Job, route: Route) -> bytes:
+        """Parse, answer and encode on the thread pool (one hop), within ``work_deadline``
+        (``asyncio.TimeoutError`` past it); a ``Need`` is read here, then answered there."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.bounds.work_deadline
+        first = await asyncio.wait_for(
+            self._on_review_thread(functools.partial(self._first, job, route)), self.bounds.work_deadline
+        )
+        review = job.review
+        assert review is not None
         if isinstance(first, Need):
-            fetched = await self._fetch(first)
-            first = await self._on_review_thread(
-                functools.partial(
-                    route.handler(self.admission), job.review, fetched=fetched, can_read=False, budget=job.budget
-                )
-            )
-        return first if not isinstance(first, Need) else respond(job.review)
+            fetched = await asyncio.wait_for(self._fetch(first), max(until - loop.time(), 0.0))
+            handler = route.handler(self.admission)
+
+            def again() -> bytes | Need:
+                return encoded(handler(review, fetched=fetched, can_read=False, budget=job.budget))
+
+            first = await asyncio.wait_for(self._on_review_thread(again), max(until - loop.time(), 0.0))
+        return first if not isinstance(first, Need) else encode(respond(review))
 
     def _on_review_thread(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
         """``call`` on a review thread, counted by ``progress`` (for /healthz)."""
@@ -326,11 +350,11 @@ class Server:
         future.add_done_callback(self.progress.done)
         return asyncio.wrap_future(future)
 
-    def _first(self, job: _Job, route: Route) -> dict[str, Any] | Need:
+    def _first(self, job: _Job, route: Route) -> bytes | Need:
         body, job.body = job.body, b""
         job.review = parse_review(body)
         del body
-        return route.handler(self.admission)(job.review, can_read=self.kube is not None, budget=job.budget)
+        return encoded(route.handler(self.admission)(job.review, can_read=self.kube is not None, budget=job.budget))
 
     async def _fetch(self, need: Need) -> dict[str, Any] | None:
         """A bounded read of an object the indexes lack; None when it fails or takes too long."""

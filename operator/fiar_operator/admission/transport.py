@@ -147,18 +147,34 @@ class BodyBudget:
     def __init__(self, total: int) -> None:
         self.total, self.used = total, 0
         self._changed = asyncio.Condition()
+        self._waiting = 0
+        """Reviews waiting in ``acquire``: while any waits, ``take_now`` takes nothing (no review
+        jumps the line) and ``release`` wakes them."""
+
+    def take_now(self, size: int) -> int | None:
+        """The share at once, when it is free and no review waits for one; None otherwise."""
+        size = min(size, self.total)
+        if self._waiting or self.used + size > self.total:
+            return None
+        self.used += size
+        return size
 
     async def acquire(self, size: int) -> int:
         size = min(size, self.total)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used + size <= self.total)
-            self.used += size
+        self._waiting += 1
+        try:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.used + size <= self.total)
+                self.used += size
+        finally:
+            self._waiting -= 1
         return size
 
     async def release(self, size: int) -> None:
-        async with self._changed:
-            self.used -= size
-            self._changed.notify_all()
+        self.used -= size
+        if self._waiting:
+            async with self._changed:
+                self._changed.notify_all()
 
 
 SLOW_REQUEST: Final = 1.0

@@ -99,6 +99,8 @@ class PodRecord:
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
     releases: tuple[tuple[str, str], ...] = ()
     """(container name, vLLM release) of the containers whose image is vLLM's with a release tag."""
+    generation: int = 0
+    """``metadata.generation``: the API server counts every change of the spec in it (0: not given)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -287,29 +289,60 @@ def has_imex_claim(record: PodRecord, policy: Policy) -> bool:
     return any(fnmatchcase(name, glob) for name in record.imex_claims for glob in policy.imex_claims)
 
 
-def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
+def _generation(meta: Mapping[str, Any]) -> int:
+    value = meta.get("generation")
+    return value if type(value) is int and value > 0 else 0
+
+
+def _same_spec(previous: PodRecord | None, uid: str, generation: int) -> PodRecord | None:
+    """``previous`` when it was read from the same spec of the same pod: the API server raises
+    ``metadata.generation`` on every change of a pod's spec (updates, ephemeral containers, resize);
+    only a binding sets ``spec.nodeName`` without it, which a record reads on every event."""
+    if previous is None or not generation or not uid or previous.uid != uid or previous.generation != generation:
+        return None
+    return previous
+
+
+def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecord | None = None) -> PodRecord:
     """A PodRecord from a pod object; tolerant of missing fields (a partial object gives a partial record).
 
     ``commands=False`` leaves ``uncontrolled`` empty (the reconciler's records always read it; the
-    admission memo, which only answers bindings, need not parse commands)."""
+    admission memo, which only answers bindings, need not parse commands). ``previous``: the record of
+    this pod the index holds (read with commands); what it read from the spec is kept when the spec is
+    the same (``_same_spec``), so that a pod's status changes do not parse its containers again."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     labels = _str_map(meta.get("labels"), shared=True)
     annotations = _str_map(meta.get("annotations"))
-    try:
-        constraint = node_constraint(spec)
-        pinned = _pinned_backend(spec)
-        clique_affinity = _clique_affinity(spec)
-        claims = _claims(spec)
-    except (AttributeError, TypeError):
-        constraint, pinned, clique_affinity, claims = ANYWHERE, False, NONE, NONE
+    uid, generation = str(meta.get("uid") or ""), _generation(meta)
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
-    uncontrolled = _uncontrolled(spec) if commands and managed and isinstance(spec, Mapping) else {}
+    same = _same_spec(previous, uid, generation) if isinstance(spec, Mapping) else None
+    if same is not None:
+        constraint, pinned = same.constraint, same.pinned_backend
+        clique_affinity, claims = same.clique_affinity, same.imex_claims
+        containers, reads, releases = same.containers, same.reads, same.releases
+    else:
+        try:
+            constraint = node_constraint(spec)
+            pinned = _pinned_backend(spec)
+            clique_affinity = _clique_affinity(spec)
+            claims = _claims(spec)
+        except (AttributeError, TypeError):
+            constraint, pinned, clique_affinity, claims = ANYWHERE, False, NONE, NONE
+        containers = _containers(spec) if isinstance(spec, Mapping) else ()
+        reads = annotations_read(spec) if isinstance(spec, Mapping) else NONE
+        releases = _releases(spec) if isinstance(spec, Mapping) else ()
+    if not (commands and managed and isinstance(spec, Mapping)):
+        uncontrolled: Mapping[str, str] = {}
+    elif same is not None and same.managed:
+        uncontrolled = same.uncontrolled_reasons
+    else:
+        uncontrolled = _uncontrolled(spec)
     return PodRecord(
         namespace=SHARED(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
+        uid=uid,
         generate_name=SHARED(meta.get("generateName") or ""),
         policy=labels.get(contract.LABEL_POD_POLICY) or None,
         node=SHARED(spec.get("nodeName")) if spec.get("nodeName") else None,
@@ -326,7 +359,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         pinned_backend=pinned,
         clique_affinity=clique_affinity,
         container_starts=_starts(status),
-        containers=_containers(spec) if isinstance(spec, Mapping) else (),
+        containers=containers,
         fuse=contract.pod_annotation_value(
             contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS, annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS)
         ),
@@ -340,11 +373,12 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True) -> PodRecord:
         sglang=contract.pod_annotation_value(
             contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
         ),
-        reads=annotations_read(spec) if isinstance(spec, Mapping) else NONE,
+        reads=reads,
         uncontrolled=tuple(uncontrolled),
         uncontrolled_reasons=uncontrolled or NOTHING,
         imex_claims=claims,
-        releases=_releases(spec) if isinstance(spec, Mapping) else (),
+        releases=releases,
+        generation=generation,
     )
 
 

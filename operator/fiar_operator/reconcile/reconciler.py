@@ -46,6 +46,12 @@ BATCH: Final = 1000
 time): a node's verdict restored while its pods' own changes, from the PATCHes that took the verdict
 away, still wait in the queue would otherwise re-annotate those pods one PATCH after another."""
 
+LINGER: Final = 0.05
+"""Seconds the reconciler lets changes gather once one came. Pods created at 200 a second make about
+1,000 watch events a second; woken by each, the reconciler spent a pass (take, review, housekeeping,
+post) per event, and a pod's ADDED and MODIFIED were reviewed apart. Gathered, it wakes at most 20
+times a second and reviews each pod once per pass. No admission waits for the reconciler."""
+
 
 def fiar_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: str(v) for k, v in labels.items() if k.startswith(contract.PREFIX)}
@@ -135,7 +141,7 @@ class Reconciler:
         if self._resync:
             self._resync = False
             self.post(self.resync())
-        changes = self.changes.take_all(timeout, BATCH)
+        changes = self.changes.take_all(timeout, BATCH, LINGER)
         if self._leading:
             self.post(self.apply_all(changes) + self.housekeeping())
 

@@ -322,6 +322,43 @@ def node_counts(policy: Policy, nodes: Mapping[str, Mapping[str, str]]) -> dict[
     return counts
 
 
+POD_COUNTS: Final = (
+    "decided",
+    "fallback",
+    "pending",
+    "stale",
+    "unconfigured",
+    "fusionOff",
+    "fusionUncontrolled",
+    "multicastGuarded",
+    "flashinferNotTurnedOff",
+)
+"""The pod counts of a policy's status, in the order ``status.pods`` lists them."""
+
+
+def pod_outcome(pod: PodRecord, policy: Policy) -> tuple[str, ...]:
+    """The counts of ``policy``'s status that ``pod`` adds one to (none: ended, deleted, or another
+    policy's). A pure function of the two immutable records, so a caller may keep it per record."""
+    if not pod.active or pod.policy != policy.name:
+        return ()
+    found = ["fusionUncontrolled"] if uncontrolled_containers(pod, policy) else []
+    if pod.node is None:
+        return (*found, "pending")
+    reason = (pod.decision or {}).get("reason")
+    found.append("decided" if reason == decide.VERIFIED_REASON else "fallback")
+    if (contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off") or (
+        contract.ANNOTATION_POD_SGLANG_FLAG in pod.reads and pod.sglang == contract.SGLANG_FLAGS["off"]
+    ):
+        found.append("fusionOff")
+    if pod.guarded and any(g.annotation in pod.reads for g in contract.MULTICAST_GUARD):
+        found.append("multicastGuarded")
+    if not_turned_off(pod):
+        found.append("flashinferNotTurnedOff")
+    if is_stale(pod):
+        found.append("stale")
+    return tuple(found)
+
+
 def policy_status(
     policy: Policy,
     nodes: Mapping[str, Mapping[str, str]],
@@ -334,38 +371,25 @@ def policy_status(
     """The status subresource of a policy from the indexes (``unconfigured``: ``namespace/name`` of the
     pods the policy selects that the pod webhook never configured, see ``unconfigured_by``;
     ``counts``: ``node_counts(policy, nodes)`` when the caller has it already)."""
-    counts = dict(counts) if counts is not None else node_counts(policy, nodes)
-    outcome = {
-        "decided": 0,
-        "fallback": 0,
-        "pending": 0,
-        "stale": 0,
-        "unconfigured": len(unconfigured),
-        "fusionOff": 0,
-        "fusionUncontrolled": 0,
-        "multicastGuarded": 0,
-        "flashinferNotTurnedOff": 0,
-    }
-    for pod in pods:
-        if not pod.active or pod.policy != policy.name:
-            continue
-        if uncontrolled_containers(pod, policy):
-            outcome["fusionUncontrolled"] += 1
-        if pod.node is None:
-            outcome["pending"] += 1
-            continue
-        reason = (pod.decision or {}).get("reason")
-        outcome["decided" if reason == decide.VERIFIED_REASON else "fallback"] += 1
-        if (contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off") or (
-            contract.ANNOTATION_POD_SGLANG_FLAG in pod.reads and pod.sglang == contract.SGLANG_FLAGS["off"]
-        ):
-            outcome["fusionOff"] += 1
-        if pod.guarded and any(g.annotation in pod.reads for g in contract.MULTICAST_GUARD):
-            outcome["multicastGuarded"] += 1
-        if not_turned_off(pod):
-            outcome["flashinferNotTurnedOff"] += 1
-        if is_stale(pod):
-            outcome["stale"] += 1
+    counts = counts if counts is not None else node_counts(policy, nodes)
+    return status_of(policy, [pod_outcome(pod, policy) for pod in pods], previous, now, unconfigured, counts)
+
+
+def status_of(
+    policy: Policy,
+    outcomes: Iterable[tuple[str, ...]],
+    previous: Mapping[str, Any] | None,
+    now: str,
+    unconfigured: Sequence[str],
+    counts: Mapping[str, int],
+) -> dict[str, Any]:
+    """``policy_status`` from the ``pod_outcome`` of each pod the policy selects."""
+    counts = dict(counts)
+    outcome = dict.fromkeys(POD_COUNTS, 0)
+    outcome["unconfigured"] = len(unconfigured)
+    for found in outcomes:
+        for key in found:
+            outcome[key] += 1
     old_conditions = list((previous or {}).get("conditions") or [])
     managed = outcome["decided"] + outcome["fallback"] + outcome["pending"]
     allowed = ", ".join(policy.backends)

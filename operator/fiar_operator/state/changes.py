@@ -9,6 +9,7 @@ entries than there are objects (plus deletions, which keep the deleted object's 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,11 +61,18 @@ class Changes:
             self._pending[key] = change  # an update already waiting keeps its place in the line
             self._cond.notify()
 
-    def take_all(self, timeout: float, limit: int) -> list[Change]:
-        """Every pending change, oldest first, at most ``limit``; waits up to ``timeout`` for one."""
+    def take_all(self, timeout: float, limit: int, linger: float = 0.0) -> list[Change]:
+        """Every pending change, oldest first, at most ``limit``; waits up to ``timeout`` for one, then
+        ``linger`` seconds more (unless ``limit`` are pending) for the changes that follow it."""
         with self._cond:
             if not self._pending:
                 self._cond.wait(timeout)
+            if not self._pending:
+                return []
+            gather = linger > 0 and len(self._pending) < limit
+        if gather:
+            time.sleep(linger)  # no waiter meanwhile: a put wakes nobody
+        with self._cond:
             return [self._pending.popitem(last=False)[1] for _ in range(min(limit, len(self._pending)))]
 
     def clear(self) -> None:

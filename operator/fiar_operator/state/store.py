@@ -205,7 +205,9 @@ class Store:
 
     # -- pods ------------------------------------------------------------------------------------
     def put_pod(self, obj: Mapping[str, Any]) -> PodRecord:
-        record = pod_record(obj)
+        meta = obj.get("metadata") or {}
+        held = self.pods.get((str(meta.get("namespace") or ""), str(meta.get("name") or ""))) if meta else None
+        record = pod_record(obj, previous=held)  # ``held`` is a hint only: pod_record checks uid and generation
         key = record.key  # one tuple for the pod's entries in every index
         with self._lock:
             old = self.pods.get(key)
@@ -265,10 +267,18 @@ class Store:
 
     def pods_of_policy(self, name: str) -> list[PodRecord]:
         """The pods labelled with policy ``name`` that it selects (see ``policy_of``)."""
+        policy = self.policies.get(name)
+        return [r for r in self.labelled(name) if policy is None or self.selects(policy, r)]
+
+    def labelled(self, name: str) -> list[PodRecord]:
+        """The pods labelled with policy ``name``, whether it selects them or not."""
         with self._lock:
-            policy = self.policies.get(name)
-            found = [self.pods[k] for k in self.by_policy.get(name, ()) if k in self.pods]
-        return [r for r in found if policy is None or self.selects(policy, r)]
+            return [self.pods[k] for k in self.by_policy.get(name, ()) if k in self.pods]
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str]:
+        """The labels of ``namespace`` as indexed (only its name while they are not): the object is
+        replaced, never changed, when they change."""
+        return self.namespaces.get(namespace) or {policies.NAMESPACE_NAME_LABEL: namespace}
 
     def group_members(self, namespace: str, policy: str, label: str, key: str) -> list[PodRecord]:
         return [p for p in self.pods_of_policy(policy) if p.namespace == namespace and p.labels.get(label) == key]
@@ -276,8 +286,7 @@ class Store:
     def selects(self, policy: policies.Policy, record: PodRecord) -> bool:
         """Whether ``policy`` selects the pod of ``record`` (its namespace's labels as indexed, or only
         its name while they are not)."""
-        labels = self.namespaces.get(record.namespace) or {policies.NAMESPACE_NAME_LABEL: record.namespace}
-        return policy.matches(labels, record.labels)
+        return policy.matches(self.namespace_labels(record.namespace), record.labels)
 
     def policy_of(self, record: PodRecord) -> policies.Policy | None:
         """The policy the pod's ``fiar.io/policy`` label names, when that policy selects the pod: a tenant

@@ -163,3 +163,66 @@ def test_the_table_of_shared_strings_starts_over_when_full_and_keeps_no_long_str
     wide("\U0001f600" * 3)  # four bytes a character: the bound is in bytes, not characters
     wide("abc")
     assert len(wide) == 1
+
+
+def managed_pod(generation: Any, uid: str = "u-1", image: str = "vllm/vllm-openai:v0.33.0") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "ml",
+            "name": "vllm-0",
+            "uid": uid,
+            "generation": generation,
+            "resourceVersion": "1",
+            "labels": {"app": "vllm", contract.LABEL_POD_POLICY: "p"},
+        },
+        "spec": {"containers": [{"name": "vllm", "image": image, "command": ["sh", "-c", "vllm serve m"]}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def running(pod: dict[str, Any], node: str = "gpu-1") -> dict[str, Any]:
+    started = {"name": "vllm", "state": {"running": {"startedAt": "2026-12-03T12:00:00Z"}}}
+    return {
+        **pod,
+        "spec": {**pod["spec"], "nodeName": node},
+        "status": {"phase": "Running", "containerStatuses": [started]},
+    }
+
+
+def test_a_pods_status_changes_keep_what_its_spec_gave_and_read_the_rest_again() -> None:
+    first = pod_record(managed_pod(1))
+    later = pod_record(running(managed_pod(1)), previous=first)
+    assert first.uncontrolled == ("vllm",) and first.releases == (("vllm", "0.33.0"),)
+    assert later.containers is first.containers and later.uncontrolled_reasons is first.uncontrolled_reasons
+    assert (later.node, later.phase, later.generation) == ("gpu-1", "Running", 1)
+    assert later.container_starts == {"vllm": "2026-12-03T12:00:00Z"}
+    assert later == pod_record(running(managed_pod(1)))  # the same record as one read whole
+
+
+def test_a_changed_spec_a_new_pod_or_no_generation_is_read_whole() -> None:
+    first = pod_record(managed_pod(1))
+    changed = pod_record(managed_pod(2, image="vllm/vllm-openai:v0.26.0"), previous=first)
+    assert changed.releases == (("vllm", "0.26.0"),)
+    recreated = pod_record(managed_pod(1, uid="u-2", image="vllm/vllm-openai:v0.26.0"), previous=first)
+    assert recreated.releases == (("vllm", "0.26.0"),)
+    for odd in (None, "1", 0, -1, True):
+        unknown = pod_record(managed_pod(odd, image="vllm/vllm-openai:v0.26.0"), previous=first)
+        assert unknown.releases == (("vllm", "0.26.0"),) and unknown.generation == 0
+
+
+def test_a_pod_that_becomes_managed_has_its_commands_read() -> None:
+    unlabelled = managed_pod(1)
+    del unlabelled["metadata"]["labels"][contract.LABEL_POD_POLICY]
+    first = pod_record(unlabelled)
+    assert first.uncontrolled == ()
+    assert pod_record(managed_pod(1), previous=first).uncontrolled == ("vllm",)
+
+
+def test_the_index_keeps_the_spec_part_of_a_pod_across_its_status_changes() -> None:
+    store = Store()
+    first = store.put_pod(managed_pod(1))
+    moved = running(managed_pod(1))
+    moved["metadata"] = {**moved["metadata"], "resourceVersion": "2"}
+    later = store.put_pod(moved)
+    assert later.containers is first.containers and later.node == "gpu-1"
+    assert store.pods_on_node("gpu-1") == [later]

@@ -3,6 +3,8 @@ informers' changes reach the reconciler: one pending entry per object, deletions
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 import fiar_contract as contract
@@ -64,3 +66,26 @@ def test_a_deletion_is_kept_apart_from_the_successor_of_that_name() -> None:
     first, second = changes.take_all(0, 2)
     assert first == Change("pods", "ml", "a", "old", deleted=True, policy="vllm")
     assert second == Change("pods", "ml", "a", "new")
+
+
+def test_changes_that_follow_the_first_within_the_linger_are_taken_with_it() -> None:
+    changes = Changes()
+    changes.put(change_of("pods", "ADDED", pod("a", "1")))
+    later = threading.Timer(0.02, lambda: changes.put(change_of("pods", "MODIFIED", pod("b", "2"))))
+    later.start()
+    try:
+        assert [c.name for c in changes.take_all(1.0, 10, linger=0.3)] == ["a", "b"]
+    finally:
+        later.join()
+
+
+def test_no_linger_when_the_limit_is_already_pending() -> None:
+    changes = Changes()
+    for name in "ab":
+        changes.put(change_of("pods", "ADDED", pod(name, name)))
+    started = time.monotonic()
+    assert [c.name for c in changes.take_all(1.0, 2, linger=5.0)] == ["a", "b"]
+    assert time.monotonic() - started < 1.0
+    started = time.monotonic()
+    assert changes.take_all(0, 2, linger=5.0) == []  # nothing came: no linger either
+    assert time.monotonic() - started < 1.0

@@ -9,7 +9,15 @@ import fiar_contract as contract
 from fiar_operator.core.decide import Decision
 from fiar_operator.core.pods import PodRecord, pod_record
 from fiar_operator.core.policy import LWS_GROUP_KEY, LWS_SIZE, Policy, parse_policy
-from fiar_operator.reconcile.rules import is_stale, multi_node_warning, node_counts, policy_status, review_pod
+from fiar_operator.reconcile.rules import (
+    is_stale,
+    multi_node_warning,
+    node_counts,
+    policy_status,
+    review_pod,
+    status_of,
+)
+from fiar_operator.reconcile.status import Outcomes
 from fiar_operator.state import kinds
 from fiar_operator.state.store import Store
 
@@ -286,3 +294,48 @@ def test_the_node_index_counts_each_change_of_labels_and_no_heartbeat_or_stale_e
     assert store.node_changes == 3
     store.replace_all(kinds.NODES, [body])
     assert store.node_changes > 3 and store.nodes == {"gpu-0": verdict("mnnvl")}
+
+
+def labelled_pod(name: str, namespace: str = "ml", node: str | None = None, app: str = "vllm") -> dict[str, Any]:
+    labels = {"app": app, contract.LABEL_POD_POLICY: "vllm"}
+    spec = {"nodeName": node} if node else {}
+    meta = {"name": name, "namespace": namespace, "uid": f"u-{name}", "resourceVersion": "1", "labels": labels}
+    return {"metadata": meta, "spec": spec}
+
+
+def test_a_status_counted_from_kept_outcomes_is_the_status_counted_afresh() -> None:
+    store = Store()
+    store.put_policy(
+        {
+            "metadata": {"name": "vllm", "generation": 1},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "vllm"}},
+                "namespaceSelector": {"matchLabels": {"team": "a"}},
+            },
+        }
+    )
+    store.put_namespace({"metadata": {"name": "ml", "resourceVersion": "1", "labels": {"team": "a"}}})
+    for name in ("1", "2"):
+        store.put_pod(labelled_pod(name))
+    store.put_pod(labelled_pod("web", app="web"))  # labelled, not selected: never counted
+    outcomes = Outcomes()
+
+    def kept() -> dict[str, int]:
+        policy = store.policies["vllm"]
+        status = status_of(policy, outcomes.counted(store, "vllm", policy), None, NOW, (), {"verified": 0})
+        assert status == policy_status(policy, {}, store.pods_of_policy("vllm"), None, NOW, counts={"verified": 0})
+        return dict(status["pods"])
+
+    assert kept()["pending"] == 2
+    bound_now = labelled_pod("2", node="n")
+    bound_now["metadata"]["resourceVersion"] = "2"
+    store.put_pod(bound_now)  # a new record for pod 2
+    assert (kept()["pending"], kept()["fallback"]) == (1, 1)
+    store.put_namespace({"metadata": {"name": "ml", "resourceVersion": "2", "labels": {"team": "b"}}})
+    assert kept()["pending"] == 0  # the namespace left the policy's selector: its pods are counted again
+    assert outcomes.held("vllm") == 3
+    store.delete_pod("ml", "1")
+    kept()
+    assert outcomes.held("vllm") == 2  # a pod gone from the index is not held
+    outcomes.forget(keep=set())
+    assert outcomes.held("vllm") == 0
