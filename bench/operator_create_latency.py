@@ -307,8 +307,10 @@ def start_webhook(
     workdir: Path,
     body: dict[str, Any],
     spec: dict[str, Any],
+    narrowed: bool = False,
 ) -> OperatorProcess | None:
-    """The process a configuration runs, ready and registered (None for ``without``)."""
+    """The process a configuration runs, ready and registered (None for ``without``); ``narrowed``:
+    the ``before`` operator narrows its configuration too (a tree that has ``--webhook-config``)."""
     running: OperatorProcess | None = None
     if kind == "without":
         return None
@@ -320,12 +322,13 @@ def start_webhook(
     elif kind in ("patch", "label"):
         running = start_noop(plane, workdir, pin=False, patch=fiar_patch(body, spec, label_only=kind == "label"))
     else:
-        running = start_operator(plane, source, workdir, narrow=variant == "after", pin=False)
+        narrow = variant == "after" or narrowed
+        running = start_operator(plane, source, workdir, narrow=narrow, pin=False)
         time.sleep(3)
     try:
         if kind in ("fiar", "fiar2s", "frozen", *NOOPS):
             register(client, plane, running.port, 2 if kind == "fiar2s" else webhookconfig.TIMEOUT_SECONDS)
-            if variant == "after":
+            if variant == "after" or (narrowed and kind not in NOOPS):
                 wait_for(
                     lambda: "matchConditions" in client.call("GET", f"{kube.MUTATING_CONFIGS}/{CONFIG}")["webhooks"][0],
                     30,
@@ -352,6 +355,11 @@ def stop_webhook(kind: str, running: OperatorProcess | None, client: kube.Kube) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
+    parser.add_argument(
+        "--before-narrowed",
+        action="store_true",
+        help="start the --before operator with --webhook-config too, so both narrow their configuration",
+    )
     parser.add_argument("--pods", type=int, default=300, help="pods per batch")
     parser.add_argument("--frozen-pods", type=int, help="pods per batch of a frozen configuration (default --pods)")
     parser.add_argument("--creators", type=int, default=20)
@@ -456,7 +464,7 @@ def main() -> None:
                 frozen = kind in ("frozen", "kyverno-frozen")
                 count = (args.frozen_pods or args.pods) if frozen else args.pods
                 print(f"# {time.strftime('%H:%M:%S')} {configuration}", flush=True)
-                running = start_webhook(kind, variant, source, plane, client, workdir, body, spec)
+                running = start_webhook(kind, variant, source, plane, client, workdir, body, spec, args.before_narrowed)
                 try:
                     if frozen:
                         assert running is not None
