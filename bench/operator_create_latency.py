@@ -23,7 +23,8 @@ configuration in turn (alternated, so load drifts hit all alike):
     kyverno-frozen   the same, with Kyverno's process stopped (SIGSTOP) (only with --only)
 
 For ``after`` the operator is started with ``--webhook-config``, so it narrows its configuration to
-the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py).
+the policies (matchConditions); ``before`` is the source tree at ``--before`` (see operator_fleet.py),
+started so too with ``--before-narrowed`` (a tree that has the option).
 Reported per configuration and kind: p50 and p99 of the CREATE round trip (ms), pods/s, the managed
 pods created without fiar's label (their review failed or timed out), for ``operator:V`` the
 operator's CPU milliseconds per pod event (each pod makes an ADDED and a DELETED event; CPU of the
