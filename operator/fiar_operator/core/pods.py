@@ -317,7 +317,8 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
     annotations = _str_map(meta.get("annotations"))
     uid, generation = str(meta.get("uid") or ""), _generation(meta)
     managed = bool(labels.get(contract.LABEL_POD_POLICY))
-    same = _same_spec(previous, uid, generation) if isinstance(spec, Mapping) else None
+    readable = isinstance(spec, Mapping)
+    same = _same_spec(previous, uid, generation) if readable else None
     if same is not None:
         constraint, pinned = same.constraint, same.pinned_backend
         clique_affinity, claims = same.clique_affinity, same.imex_claims
@@ -330,10 +331,10 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
             claims = _claims(spec)
         except (AttributeError, TypeError):
             constraint, pinned, clique_affinity, claims = ANYWHERE, False, NONE, NONE
-        containers = _containers(spec) if isinstance(spec, Mapping) else ()
-        reads = annotations_read(spec) if isinstance(spec, Mapping) else NONE
-        releases = _releases(spec) if isinstance(spec, Mapping) else ()
-    if not (commands and managed and isinstance(spec, Mapping)):
+        containers = _containers(spec) if readable else ()
+        reads = annotations_read(spec) if readable else NONE
+        releases = _releases(spec) if readable else ()
+    if not (commands and managed and readable):
         uncontrolled: Mapping[str, str] = {}
     elif same is not None and same.managed:
         uncontrolled = same.uncontrolled_reasons
