@@ -6,6 +6,8 @@ older tree (``source``, put first on PYTHONPATH), as a standalone replica on loo
 With ``FIAR_BENCH_PY_SPY`` set to a py-spy executable (not a dependency of fiar: ``pip install py-spy``
 into any environment), each operator is sampled from ready until it stops (``py-spy record --gil
 --nonblocking --format raw``: the samples that hold the GIL, one folded-stack file beside its log).
+``FIAR_BENCH_PY_SPY_ARGS`` replaces ``--gil --nonblocking`` (``--threads --nonblocking``: the samples
+of every thread that runs, each stack under its thread).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ class OperatorProcess:
         spy = os.environ.get("FIAR_BENCH_PY_SPY")
         if spy and type(self) is OperatorProcess:
             folded = self.log.with_suffix(".folded")
-            argv = [spy, "record", "--gil", "--nonblocking", "--format", "raw", "--rate", "200"]
+            flags = os.environ.get("FIAR_BENCH_PY_SPY_ARGS", "--gil --nonblocking").split()
+            argv = [spy, "record", *flags, "--format", "raw", "--rate", "200"]
             self.spy = subprocess.Popen(
                 [*argv, "--pid", str(self.pid), "-o", str(folded)],
                 stdout=subprocess.DEVNULL,

@@ -149,18 +149,32 @@ def peer_identity(environ: Mapping[str, str], hostname: str, pid: int) -> str:
     return environ.get("POD_NAME") or f"{hostname}/{pid}"
 
 
+def leave_out_generated_client(modules: dict[str, Any] = sys.modules) -> bool:
+    """Keep kopf from importing the kubernetes client, unless the credentials needed it; whether it is
+    kept out. kopf imports it, when installed, only to recognise its model objects among what handlers
+    return, and fiar's handlers return none: the import alone is 17.7 MiB of the operator's resident
+    memory (BENCHMARKS.md, "Memory"). The operator's credentials come from ``fiar_kube``, which loads
+    the package only for a kubeconfig user of a kind it does not read itself (``exec`` and the like)."""
+    if "kubernetes" in modules:
+        return False
+    modules["kubernetes"] = None  # an import of it now raises ImportError
+    return True
+
+
 def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    settings.check()
+    client = kube.Kube(kube.configuration(settings.kubeconfig))
+    leave_out_generated_client()
     import kopf
 
     from fiar_operator import handlers  # noqa: F401  (registers the kopf handlers)
     from fiar_operator.runtime import Runtime
 
-    settings = _settings(args)
-    settings.check()
     kopf.configure(verbose=args.verbose)
     # kopf's peering identity, which the reconciler needs to know its own entry (the Pod name in a cluster).
     identity = os.environ.get("POD_ID") or peer_identity(os.environ, socket.gethostname(), os.getpid())
-    runtime = Runtime(settings, identity=identity)
+    runtime = Runtime(settings, kube=client, identity=identity)
     registered: str | None = None
     if args.install_crd:
         crd.apply(runtime.kube)

@@ -5,6 +5,10 @@ checked on a loopback server, in test_backoff_and_watch_lines.py.)"""
 
 from __future__ import annotations
 
+import base64
+import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -71,3 +75,131 @@ def test_the_api_server_sees_a_rotated_service_account_token_at_once(plane_a: Co
     (folder / "token").write_text(plane_a.service_account_token(namespace, "agent"))
     with pytest.raises(kube.Forbidden):
         pod.request("GET", "/api/v1/nodes")
+
+
+def kubeconfig_of(plane: ControlPlane, path: Path, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": cluster or {"server": plane.server, "certificate-authority": str(plane.ca_file)}}
+        ],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [
+            {"name": "other", "context": {"cluster": "missing", "user": "u"}},
+            {"name": "x", "context": {"cluster": "c", "user": "u"}},
+        ],
+        "current-context": "x",
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_kubeconfig_credentials_of_every_plain_kind_reach_the_api_server(plane_a: ControlPlane, tmp_path: Path) -> None:
+    """Client certificates as files (relative to the kubeconfig's folder) or inline data, a CA as data,
+    a token, a token file re-read when it changes: each is read without the kubernetes package."""
+    assert plane_a.ca is not None
+    crt, key = plane_a.ca.issue("admin-data", organizations=("system:masters",), client=True).write(tmp_path, "admin")
+    inline = {
+        "client-certificate-data": base64.b64encode(crt.read_bytes()).decode(),
+        "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+    }
+    ca_data = {
+        "server": plane_a.server + "/",
+        "certificate-authority-data": base64.b64encode(plane_a.ca_file.read_bytes()).decode(),
+    }
+    namespace = plane_a.create_namespace(f"seam-{uuid.uuid4().hex[:8]}")
+    with plane_a.api_client() as api:
+        client.CoreV1Api(api).create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
+    token = plane_a.service_account_token(namespace, "reader")
+    (tmp_path / "token").write_text(token)
+    cases = {
+        "relative files": kubeconfig_of(
+            plane_a, tmp_path / "files", {"client-certificate": crt.name, "client-key": key.name}
+        ),
+        "inline data, CA data": kubeconfig_of(plane_a, tmp_path / "inline", inline, ca_data),
+        "token": kubeconfig_of(plane_a, tmp_path / "tok", {"token": token}),
+        "token file": kubeconfig_of(plane_a, tmp_path / "tokfile", {"tokenFile": "token"}),
+    }
+    for case, path in cases.items():
+        cfg = kube.load_config(str(path))
+        assert isinstance(cfg, kube.Credentials), case
+        api = kube.Client(cfg, user_agent="t")
+        if case.startswith("token"):
+            with pytest.raises(kube.Forbidden, match=f"system:serviceaccount:{namespace}:reader"):
+                api.request("GET", "/api/v1/nodes")
+        else:
+            assert api.request("GET", "/api/v1/nodes")["kind"] == "NodeList", case
+    api = kube.Client(kube.load_config(str(cases["token file"])), user_agent="t")
+    (tmp_path / "token").write_text("revoked")
+    with pytest.raises(kube.Unauthorized):
+        api.request("GET", "/api/v1/nodes")
+
+
+def test_loading_credentials_leaves_the_kubernetes_package_unimported(plane_a: ControlPlane, tmp_path: Path) -> None:
+    """The operator keeps kopf from importing the kubernetes client (17.7 MiB) once its own credentials are
+    loaded; a kubeconfig user of another kind (an exec plugin) is handed to the kubernetes package."""
+    plugin = tmp_path / "plugin.py"
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": "from-exec"},
+    }
+    plugin.write_text(f"print({json.dumps(json.dumps(credential))})\n")
+    execs = kubeconfig_of(
+        plane_a,
+        tmp_path / "exec",
+        {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": sys.executable,
+                "args": [str(plugin)],
+                "interactiveMode": "Never",
+            }
+        },
+    )
+    script = """
+import sys
+import fiar_kube
+from fiar_operator import cli
+cfg = fiar_kube.load_config(sys.argv[1])
+kept_out = cli.leave_out_generated_client()
+import kopf
+fiar_kube.Client(cfg, user_agent="t").request("GET", "/api/v1/nodes")
+print(type(cfg).__name__, kept_out, "kubernetes.client" in sys.modules)
+"""
+    plain = subprocess.run(
+        [sys.executable, "-c", script, str(plane_a.kubeconfig)], capture_output=True, text=True, timeout=60
+    )
+    assert plain.stdout.split() == ["Credentials", "True", "False"], plain.stderr[-2000:]
+    delegated = subprocess.run([sys.executable, "-c", script, str(execs)], capture_output=True, text=True, timeout=60)
+    assert "Unauthorized" in delegated.stderr or "401" in delegated.stderr, delegated.stderr[-2000:]
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, fiar_kube; c = fiar_kube.load_config(sys.argv[1]);"
+            " print(type(c).__name__, fiar_kube.authorization(c))",
+            str(execs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.stdout.split() == ["Configuration", "Bearer", "from-exec"], loaded.stderr[-2000:]
+
+
+def test_a_kubeconfig_that_names_no_usable_context_is_a_configuration_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad"
+    for text, message in (
+        ("- a list", "not a YAML mapping"),
+        ("apiVersion: v1\nclusters: []\n", "no current-context"),
+        ("current-context: x\ncontexts: [{name: x, context: {cluster: c}}]\n", "cluster 'c' is not in the kubeconfig"),
+        (
+            "current-context: x\ncontexts: [{name: x, context: {cluster: c}}]\nclusters: [{name: c, cluster: {}}]\n",
+            "has no server",
+        ),
+    ):
+        path.write_text(text)
+        with pytest.raises(kube.ConfigError, match=message):
+            kube.load_config(str(path))

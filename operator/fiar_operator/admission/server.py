@@ -36,6 +36,7 @@ from fiar_operator.admission.transport import (
     BodyBudget,
     Bounds,
     Connections,
+    ServerLoop,
     TlsFiles,
     bound_port,
     bounds_total,
@@ -142,7 +143,7 @@ class Server:
         self._work.shutdown(wait=False, cancel_futures=True)
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = ServerLoop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         runners: list[web.AppRunner] = []

@@ -243,3 +243,35 @@ def test_a_malformed_http_message_is_one_log_line_without_a_traceback(
     assert not loud, [r.getMessage() for r in loud]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("malformed HTTP request from")]
     assert lines and len(lines) <= 10, lines
+
+
+def test_an_open_tls_connection_holds_a_small_read_buffer(ca: pki.CertificateAuthority, tmp_path: Path) -> None:
+    """asyncio gives each TLS connection a 256 KiB buffer of its own; the webhook port's are
+    ``TLS_READ_BUFFER`` (32 KiB), and a review larger than one buffer still arrives whole."""
+    import tracemalloc
+
+    from fiar_operator.admission.transport import TLS_READ_BUFFER
+
+    server, admission = start_held_server(ca, tmp_path, Bounds(max_connections=64))
+    held: list[ssl.SSLSocket] = []
+    try:
+        assert post(server, tmp_path, review(labels_padding="x" * (3 * TLS_READ_BUFFER)))[0] == 200
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            request = b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            for i in range(32):
+                sock = tls_socket(server, tmp_path)
+                body = review(uid=f"u{i}")
+                sock.sendall(request + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                assert sock.recv(12) == b"HTTP/1.1 200"
+                held.append(sock)
+            per_connection = (tracemalloc.get_traced_memory()[0] - before) / len(held)
+        finally:
+            tracemalloc.stop()
+        assert per_connection < 2 * TLS_READ_BUFFER + 16 * 1024, per_connection
+    finally:
+        for sock in held:
+            sock.close()
+        admission.release.set()
+        server.stop()
