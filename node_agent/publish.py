@@ -13,8 +13,9 @@ would compare encoded bytes, and Python and Go encode ``ü``, ``&`` or ``<`` dif
 
 API errors come typed from ``fiar_kube`` (the seam the operator shares) and are mapped onto
 ``node_agent.errors`` by ``publish_error`` (transient ones are ``ApiUnavailable``); the daemon
-retries with ``Backoff``. The kubernetes package loads the kubeconfig or in-cluster credentials;
-the generated API classes are not used (they would roughly double the resident memory).
+retries with ``Backoff``. ``fiar_kube`` loads the kubeconfig or in-cluster credentials without the
+kubernetes package (its client would add 17.7 MiB of resident memory; only a kubeconfig user of an
+``exec`` plugin or an auth provider is loaded by it).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ POOL_SIZE: Final = 2
 
 
 def load_client_config(kubeconfig: str | None) -> Any:
-    """A kubernetes ``Configuration`` from a kubeconfig file, else the in-cluster service account."""
+    """Credentials from a kubeconfig file, else the in-cluster service account (``fiar_kube.load_config``)."""
     try:
         return kube.load_config(kubeconfig)
     except kube.ConfigError as exc:
