@@ -3,8 +3,9 @@
 The port is reachable by whatever the pod network lets through (the chart's NetworkPolicy narrows
 it), so every request is bounded: a body of at most ``MAX_BODY`` bytes read within
 ``READ_DEADLINE``, at most ``MAX_CONNECTIONS`` connections (over it, the one idle the longest is
-closed), a connection that sends no complete request within ``IDLE_TIMEOUT`` (slow headers, or idle)
-closed, bodies held at once bounded (``BodyBudget``). The serving certificate is re-loaded when its
+closed), a new connection that sends no complete request within ``IDLE_TIMEOUT`` (slow headers, or
+nothing) closed, an idle one closed ``KEEPALIVE_TIMEOUT`` after its last answer, bodies held at once
+bounded (``BodyBudget``). The serving certificate is re-loaded when its
 files change (``TlsFiles``). The soft limit of open files is raised to the hard one at start.
 """
 
@@ -51,8 +52,15 @@ TLS_READ_BUFFER: Final = 32 * 1024
 concurrent creators and 20 bindings that was 10-12 MiB of the process. A TLS record carries at most
 16 KiB, so one read still takes two records."""
 IDLE_TIMEOUT: Final = 10.0
-"""Seconds a connection may take to send a complete request's headers after it opened or after its
-last answer (idle keep-alive connections are closed then too)."""
+"""Seconds a new connection may take to send its first request's headers (slow headers, or a
+connection that sends nothing): it is closed then (``Connections.sweep``)."""
+KEEPALIVE_TIMEOUT: Final = 120.0
+"""Seconds an idle connection is kept after its last answer: longer than the API server keeps an idle
+connection to a webhook (90 s: client-go's transport takes Go's ``http.DefaultTransport``
+``IdleConnTimeout``, k8s.io/apimachinery ``SetOldTransportDefaults``), so the API server closes it
+first. A review the API server sends on a connection the webhook is closing fails with ``EOF`` and is
+not retried (a POST): its pod is admitted without fiar's change. Closed after 10 s, 3 of 6,000 managed
+pods in one K run met that (2026-12-04, BENCHMARKS.md)."""
 HANDSHAKE_TIMEOUT: Final = 5.0
 """Seconds for a TLS handshake."""
 SHUTDOWN_TIMEOUT: Final = 2.0
@@ -73,6 +81,7 @@ class Bounds:
     workers: int = WORKERS
     max_connections: int = MAX_CONNECTIONS
     idle_timeout: float = IDLE_TIMEOUT
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
     handshake_timeout: float = HANDSHAKE_TIMEOUT
     pool_stall: float = POOL_STALL
 
@@ -217,6 +226,8 @@ class Connections:
         """Connection -> when its current request began."""
         self.active: dict[object, float] = {}
         """Connection -> when its last request ended (a connection that never sent one: absent)."""
+        self.opened: dict[object, float] = {}
+        """Connection -> when it was accepted, until it completes a request (``sweep``)."""
         self.evicted = 0
         self.refused = 0
 
@@ -234,7 +245,7 @@ class Connections:
             open_ = server.connections
             excess = len(open_) + 1 - self.limit
             if excess <= 0:
-                return server()
+                return self._opened(server())
             if len(self.active) > 2 * self.limit:
                 alive = set(open_)
                 self.active = {h: t for h, t in self.active.items() if h in alive}
@@ -250,9 +261,35 @@ class Connections:
             if len(ranked) < excess:
                 self.refused += 1
                 return _Refused()
-            return server()
+            return self._opened(server())
 
         return make
+
+    def _opened(self, handler: asyncio.Protocol) -> asyncio.Protocol:
+        self.opened[handler] = time.monotonic()
+        return handler
+
+    def sweep(self, server: web.Server, within: float, now: float | None = None) -> int:
+        """Close the connections that have not completed a first request within ``within`` seconds of
+        being accepted (slow headers, or nothing sent); the number closed. A connection's handler
+        starts once its headers are complete (``busy``), so one still in its TLS handshake or its
+        headers is neither busy nor active."""
+        now = time.monotonic() if now is None else now
+        alive = set(server.connections)
+        closed = 0
+        for handler, since in list(self.opened.items()):
+            if handler in self.active or handler in self.busy:
+                del self.opened[handler]  # it sent a request: the keep-alive timeout applies now
+            elif now - since > within:
+                del self.opened[handler]
+                if handler in alive:  # else its handshake failed or it closed: nothing to close
+                    assert isinstance(handler, web.RequestHandler)
+                    transport = handler.transport
+                    handler.force_close()
+                    if transport is not None:
+                        transport.abort()
+                    closed += 1
+        return closed
 
 
 class _Refused(asyncio.Protocol):
@@ -276,9 +313,12 @@ class CappedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None,
         guard: Connections,
         handshake_timeout: float,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
         self._host, self._port, self._guard, self._handshake_timeout = host, port, guard, handshake_timeout
+        self._idle_timeout = idle_timeout
+        self._sweeper: asyncio.Task[None]
 
     @property
     def name(self) -> str:
@@ -289,6 +329,7 @@ class CappedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(server))
         extra: dict[str, Any] = {}
         if self._ssl_context is not None:
             extra["ssl_handshake_timeout"] = self._handshake_timeout
@@ -303,6 +344,16 @@ class CappedSite(web.BaseSite):
             reuse_address=True,
             **extra,
         )
+
+    async def _sweep(self, server: web.Server) -> None:
+        interval = min(1.0, self._idle_timeout / 2)
+        while True:
+            await asyncio.sleep(interval)
+            self._guard.sweep(server, self._idle_timeout)
+
+    async def stop(self) -> None:
+        self._sweeper.cancel()
+        await super().stop()
 
 
 def raise_file_limit() -> None:
@@ -395,10 +446,13 @@ async def open_site(
     """Serve ``app`` on ``host:port`` (TLS with ``tls``), its connections counted by ``guard``."""
     app.middlewares.append(mark_busy(guard))
     runner = web.AppRunner(
-        app, access_log=None, keepalive_timeout=bounds.idle_timeout, shutdown_timeout=SHUTDOWN_TIMEOUT
+        app, access_log=None, keepalive_timeout=bounds.keepalive_timeout, shutdown_timeout=SHUTDOWN_TIMEOUT
     )
     await runner.setup()
-    await CappedSite(runner, host, port, tls.context if tls else None, guard, bounds.handshake_timeout).start()
+    site = CappedSite(
+        runner, host, port, tls.context if tls else None, guard, bounds.handshake_timeout, bounds.idle_timeout
+    )
+    await site.start()
     return runner
 
 

@@ -275,3 +275,36 @@ def test_an_open_tls_connection_holds_a_small_read_buffer(ca: pki.CertificateAut
             sock.close()
         admission.release.set()
         server.stop()
+
+
+API_SERVER_IDLE_CONN_TIMEOUT = 90.0
+"""Seconds the API server keeps an idle connection to a webhook: client-go's transport takes Go's
+``http.DefaultTransport`` ``IdleConnTimeout`` (k8s.io/apimachinery ``SetOldTransportDefaults``)."""
+
+
+def test_an_answered_connection_outlives_the_api_servers_own_idle_timeout(
+    ca: pki.CertificateAuthority, tmp_path: Path
+) -> None:
+    """The API server sends a review on any connection it holds idle, and a review sent as the webhook
+    closes that connection fails (EOF, not retried): the webhook must keep an answered connection
+    longer than the API server does, while a new one that sends nothing is still closed soon."""
+    from fiar_operator.admission.transport import IDLE_TIMEOUT, KEEPALIVE_TIMEOUT
+
+    assert KEEPALIVE_TIMEOUT > API_SERVER_IDLE_CONN_TIMEOUT > IDLE_TIMEOUT
+    bounds = Bounds(max_connections=8, idle_timeout=0.3, keepalive_timeout=1.5)
+    server, admission = start_held_server(ca, tmp_path, bounds)
+    try:
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context(tmp_path), timeout=5)
+        silent = tls_socket(server, tmp_path)
+        for uid in ("first", "after-idle"):
+            conn.request("POST", "/mutate/pods", review(uid), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200 and json.loads(response.read())["response"]["uid"] == uid
+            time.sleep(0.9)  # idle three times the new-connection bound: still open
+        assert closed_by_server(silent, 0.1)
+        sock = conn.sock
+        assert sock is not None and closed_by_server(sock, 3)  # past the keep-alive timeout
+        conn.close()
+    finally:
+        admission.release.set()
+        server.stop()
