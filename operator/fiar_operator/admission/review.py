@@ -280,13 +280,13 @@ class Admission:
         record, source = self._find_pod(namespace, name, str(meta.get("uid") or ""), fetched)
         if record is None and can_read:
             return Need("pod", namespace, name)
-        self.metrics.lookup(source)
         # A memo entry's policy is the one this webhook chose at CREATE; a pod read or indexed carries the
         # label its writer gave it, which counts only where that policy selects the pod.
         policy = None
         if record is not None and record.policy:
             policy = self.store.policies.get(record.policy) if source == "memo" else self.store.policy_of(record)
         if record is None or policy is None:
+            self.metrics.lookup(source)
             self.metrics.admission("binding", "unmanaged")
             return respond(review)
         decision = decide.decide(
@@ -300,6 +300,7 @@ class Admission:
             budget=budget,
             release=vllm_release(record, policy),
         )
+        self.metrics.lookup(source)  # after planning: a review that moves to a thread is counted once
         ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())
         self.metrics.decision(decision)
         self.metrics.admission("binding", "mutated")

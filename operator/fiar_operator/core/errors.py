@@ -61,3 +61,9 @@ class ConfigurationError(OperatorError):
 class OverBudget(OperatorError):
     """Planning one review passed its work budget (``limits.Budget``); the review is answered allowed
     and unchanged, with a warning, and its thread is free for the next one."""
+
+
+class NeedsThread(OperatorError):
+    """A review begun on the webhook server's event loop reached planning work (``limits.OnLoop``): it
+    is answered on a review thread instead, with a whole budget. Not an ``OverBudget``: nothing is
+    answered unchanged for it."""

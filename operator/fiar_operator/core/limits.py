@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from fiar_operator.core.errors import OverBudget
+from fiar_operator.core.errors import NeedsThread, OverBudget
 
 MAX_CONTAINERS: Final = 256
 """Containers and init containers of one pod (a vLLM pod has a handful)."""
@@ -185,6 +185,19 @@ class Budget:
             raise OverBudget(f"planning passed its budget of {self.steps} node and requirement checks")
         if self.deadline is not None and self.clock() > self.deadline:
             raise OverBudget(f"planning passed its deadline after {self.spent} node and requirement checks")
+
+
+class OnLoop(Budget):
+    """The budget of a review answered on the webhook server's event loop: no planning step at all.
+    The first raises ``NeedsThread``, and the review goes to a review thread: the loop serves every
+    connection, so it runs only what is bounded without a deadline (a single pod's binding looks up
+    its pod and its node; a group's walks the candidate nodes, spending a step for each)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, None)
+
+    def spend(self, steps: int = 1) -> None:
+        raise NeedsThread("planning needs a review thread")
 
 
 def unbounded() -> Budget:

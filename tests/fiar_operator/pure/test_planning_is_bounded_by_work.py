@@ -20,7 +20,7 @@ from devcluster import pki
 from fiar_operator.admission.review import Admission, parse_review
 from fiar_operator.admission.server import Bounds, Server
 from fiar_operator.core import decide, limits, selectors
-from fiar_operator.core.errors import OverBudget
+from fiar_operator.core.errors import NeedsThread, OverBudget
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.nodefacts import node_facts
 from fiar_operator.core.pods import group_plan, pod_record
@@ -398,4 +398,88 @@ def test_a_review_answered_on_its_deadline_stops_planning_and_frees_its_thread(t
         status, answer = post(server, context, review_body(plain, uid="next"))
         assert status == 200 and "patch" in answer["response"]  # and planned the next one
     finally:
+        server.stop()
+
+
+# -- bindings on the event loop ---------------------------------------------------------------------
+def binding_body(name: str, uid: str, node: str = "gpu-0") -> bytes:
+    request = {
+        "uid": f"review-{name}",
+        "operation": "CREATE",
+        "namespace": "ml",
+        "name": name,
+        "subResource": "binding",
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "object": {"metadata": {"name": name, "namespace": "ml", "uid": uid}, "target": {"kind": "Node", "name": node}},
+    }
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+
+
+def indexed_pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    labels = {"app": "vllm", contract.LABEL_POD_POLICY: "vllm"}
+    meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "labels": labels, "annotations": annotations}
+    return {"metadata": meta, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}}
+
+
+class Holding(Admission):
+    """Admission whose CREATE review with uid ``hold`` keeps its review thread until ``release``."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        super().__init__(store, metrics)
+        self.release, self.holding = threading.Event(), threading.Event()
+
+    def pod_create(
+        self, review: Any, fetched: Any = None, can_read: bool = True, budget: limits.Budget | None = None
+    ) -> Any:
+        if review.uid == "hold":
+            self.holding.set()
+            self.release.wait(10)
+        return super().pod_create(review, fetched, can_read, budget)
+
+
+def test_a_single_pods_binding_is_answered_while_every_review_thread_is_busy(tmp_path: Path) -> None:
+    """A single pod's binding takes no planning step: the event loop answers it. A group's binding walks
+    the candidate nodes, so it goes to a review thread, and waits for one; both get the answer a review
+    thread with a whole budget gives."""
+    ca = pki.CertificateAuthority()
+    crt, key = ca.issue("fiar", hosts=("127.0.0.1",)).write(tmp_path, "serving")
+    store = fleet()
+    store.put_pod(indexed_pod("single", {}))
+    store.put_pod(indexed_pod("grp", {LWS_SIZE: "2"}))
+    metrics = Metrics(store.sizes)
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, tls_cert=crt, tls_key=key, metrics_host="127.0.0.1", metrics_port=0
+    )
+    admission = Holding(store, metrics)
+    expected = {
+        name: admission.binding(parse_review(binding_body(name, f"uid-{name}")), can_read=False)
+        for name in ("single", "grp")
+    }
+    with pytest.raises(NeedsThread):
+        admission.binding(parse_review(binding_body("grp", "uid-grp")), can_read=False, budget=limits.OnLoop())
+    server = Server(admission, metrics, settings, None, lambda: store.synced, Bounds(workers=1, work_deadline=5.0))
+    server.start()
+    context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+
+    def send(path: str, body: bytes) -> tuple[int, Any]:
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=30)
+        try:
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = pool.submit(send, "/mutate/pods", review_body(group_pod(), uid="hold"))
+            assert admission.holding.wait(5)
+            group = pool.submit(send, "/mutate/binding", binding_body("grp", "uid-grp"))
+            assert send("/mutate/binding", binding_body("single", "uid-single")) == (200, expected["single"])
+            assert "patch" in expected["single"]["response"]
+            assert not group.done()  # behind the held review, on the one review thread
+            admission.release.set()
+            assert group.result(10) == (200, expected["grp"]) and held.result(10)[0] == 200
+    finally:
+        admission.release.set()
         server.stop()
