@@ -223,16 +223,12 @@ class Credentials:
     def __init__(self, host: str) -> None:
         self.host = host
         self.ssl_ca_cert: str | None = None
-        self.ca_cert_data: str | None = None
         self.cert_file: str | None = None
         self.key_file: str | None = None
         self.verify_ssl = True
-        self.tls_server_name: str | None = None
-        self.assert_hostname: str | None = None
-        self.socket_options: Any = None
+        self.tls_server_name: str | None = None  # the optional settings ``pool_manager`` asks for by getattr
         self.proxy: str | None = None
         self.no_proxy: str | None = None
-        self.proxy_headers: Any = None
         self.api_key: dict[str, str] = {}
         self.api_key_prefix: dict[str, str] = {}
         self.refresh_api_key_hook: Callable[[Any], None] | None = None
@@ -281,8 +277,7 @@ def in_cluster(environ: Mapping[str, str], service_account: str) -> Credentials:
     cfg.refresh_api_key_hook(cfg)
     if not cfg.api_key.get("BearerToken"):
         raise _NotLoaded("Token file exists but empty.")
-    cfg.proxy = None  # in-cluster: the API server's service address, never through a proxy
-    cfg.no_proxy = "*"
+    cfg.no_proxy = "*"  # in-cluster: the API server's service address, never through a proxy
     return cfg
 
 

@@ -269,12 +269,12 @@ class Connections:
         self.opened[handler] = time.monotonic()
         return handler
 
-    def sweep(self, server: web.Server, within: float, now: float | None = None) -> int:
+    def sweep(self, server: web.Server, within: float) -> int:
         """Close the connections that have not completed a first request within ``within`` seconds of
         being accepted (slow headers, or nothing sent); the number closed. A connection's handler
         starts once its headers are complete (``busy``), so one still in its TLS handshake or its
         headers is neither busy nor active."""
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         alive = set(server.connections)
         closed = 0
         for handler, since in list(self.opened.items()):
