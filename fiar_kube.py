@@ -1,8 +1,10 @@
 """The one seam to the Kubernetes API, shared by the operator and the node agent (neither imports the other).
 
-Both components talk raw JSON over a urllib3 pool. Objects stay plain dicts. The kubernetes package
-is imported only to load a kubeconfig whose user authenticates in a way ``from_kubeconfig`` does not
-read (``exec`` plugins, auth providers): its client costs 17.7 MiB of resident memory on import.
+Both components talk raw JSON: requests on kept connections of this module's own (``Lane``: a
+request costs less than half what it costs through urllib3), watch streams over a urllib3 pool.
+Objects stay plain dicts. The kubernetes package is imported only to load a kubeconfig whose user
+authenticates in a way ``from_kubeconfig`` does not read (``exec`` plugins, auth providers): its
+client costs 17.7 MiB of resident memory on import.
 Nothing is imported at module level but the standard library: urllib3 and PyYAML are loaded when a
 component first talks to the API.
 
@@ -13,13 +15,16 @@ Each rule is stated once here:
   file changes (the kubelet rotates it), so a rotated token is used on the next request;
 * the authorization header: ``authorization`` (the refresh hook of the configuration runs first);
 * the pool: ``pool_manager`` with the configuration's TLS settings, and the proxy of the kubeconfig or
-  the environment (``HTTPS_PROXY``), except for hosts that ``NO_PROXY`` names (``bypasses_proxy``).
+  the environment (``HTTPS_PROXY``), except for hosts that ``NO_PROXY`` names (``bypasses_proxy``);
+  the lane makes the same TLS settings (``_tls_context``) and carries requests only where no proxy
+  is used (``Lane.for_config``).
   In-cluster the API server is always reached directly: its service address is only routable inside
   the cluster, so a proxy set for egress must never carry the API traffic;
 * errors: ``error_for`` maps an HTTP status (or a watch ERROR event's Status) to a type, once;
   callers decide by type (``NotFound``, ``Conflict``, ``Gone``, ...), never by number;
 * watch streams: ``WatchLines`` splits the byte stream into JSON events, each line bounded;
-* retries: ``Backoff`` / ``backoff_delay``; urllib3 never retries on its own.
+* retries: ``Backoff`` / ``backoff_delay``; urllib3 never retries on its own, and the lane sends
+  again only a GET whose kept connection turned out closed before any byte of an answer.
 
 The transport is synchronous: both components call the API from threads (the operator's webhooks
 hand their few reads to a thread pool), so there is one transport, not a sync and an async one.
@@ -31,6 +36,12 @@ import contextlib
 import json
 import os
 import random
+import re
+import select
+import socket
+import ssl
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_address, ip_network
@@ -51,6 +62,8 @@ MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 is 3 MiB), far below what an endless line would take."""
 MAX_ERROR_BODY: Final = 300
 """Characters of an error answer kept in the error (messages go to logs)."""
+ERROR_READ: Final = 64 * 1024
+"""Bytes of an error answer read at most (its Status message is in the first few hundred)."""
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -527,6 +540,342 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
     return urllib3.ProxyManager(proxy, proxy_headers=headers, **args)
 
 
+Timeout = float | tuple[float, float] | None
+"""A total in seconds, or (connect, read) seconds, or None for no limit."""
+
+
+# -- kept connections ----------------------------------------------------------------------------
+MAX_HEAD_BYTES: Final = 64 * 1024
+"""Bytes of an answer's status line and headers at most (the API server sends about 300)."""
+KEPT_IDLE_S: Final = 60.0
+"""Seconds a kept connection may sit idle and still be used: below the API server's own 90 s
+(``IdleTimeout`` of k8s.io/apiserver's secure serving), so that no request is sent on a connection
+the server is closing."""
+_CONTROL: Final = re.compile(r"[\x00-\x20\x7f]")
+_BREAK: Final = re.compile(r"[\r\n\x00]")
+_SAFE_AGAIN: Final = frozenset({"GET", "HEAD"})
+"""Methods sent again on a new connection when a kept one turns out closed before any answer."""
+
+
+class _Broken(Exception):
+    """The server's answer was not HTTP/1.x as this module reads it, or ended early."""
+
+
+class _Closed(_Broken):
+    """The connection ended before any byte of an answer (a kept connection the server closed)."""
+
+
+class Lane:
+    """HTTP/1.1 requests to the API server on kept connections, written on ``socket`` and ``ssl``.
+
+    An Event POST through urllib3 costs this process 590-670 µs of CPU on the development machine,
+    most of it in urllib3's and ``http.client``'s Python (``email`` parses each answer's headers);
+    on this lane 240-280 µs, a GET 180-220 µs against 490-540 (``bench/operator_python_floor.py``,
+    BENCHMARKS.md). It carries ``Client.request``. Watch streams stay on urllib3: read on this lane,
+    an event cost as much (130-150 µs, most of it TLS and ``json.loads``). ``for_config`` gives None
+    for what it does not reproduce exactly (a proxy, a name to check the certificate against that is
+    not the server's), and urllib3 carries those requests too.
+
+    Answers are framed by Content-Length, chunked encoding, or the end of the connection; a kept
+    connection is used again only when its answer was read whole, the server did not ask to close
+    it, no byte is waiting on it, and it was idle less than ``KEPT_IDLE_S``. Thread-safe: each
+    request holds its connection alone; at most ``maxsize`` are kept."""
+
+    def __init__(self, cfg: Any, maxsize: int, clock: Callable[[], float] = time.monotonic) -> None:
+        parts = urlsplit(str(cfg.host))
+        self.tls = parts.scheme == "https"
+        self.hostname = parts.hostname or ""
+        self.address = (self.hostname, parts.port or (443 if self.tls else 80))
+        self.authority = parts.netloc
+        self.prefix = parts.path.rstrip("/")
+        self.server_hostname = getattr(cfg, "tls_server_name", None) or self.hostname
+        self.maxsize = maxsize
+        self.socket_options: list[tuple[int, int, int]] | None = getattr(cfg, "socket_options", None)
+        self.cfg, self.clock = cfg, clock
+        self._kept: list[tuple[Any, float]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_config(cls, cfg: Any, maxsize: int, environ: Mapping[str, str] | None = None) -> Lane | None:
+        """The lane for ``cfg``, or None where urllib3 must carry its requests."""
+        scheme = urlsplit(str(cfg.host)).scheme
+        if scheme not in ("http", "https") or proxy_for(cfg, environ) is not None:
+            return None
+        if isinstance(getattr(cfg, "assert_hostname", None), str):
+            return None
+        return cls(cfg, maxsize)
+
+    def request(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None, timeout: Timeout, limit: int
+    ) -> tuple[int, str, bytes]:
+        """(status, reason, body) of one request; a body of an answer outside 2xx is read up to
+        ``limit`` bytes. ``OSError`` or ``_Broken`` when the exchange fails."""
+        connect_s, read_s, deadline = _limits(timeout)
+        sock, reader, (status, reason, fields, keep) = self._exchange(
+            method, target, headers, body, connect_s, read_s, deadline
+        )
+        try:
+            answer, whole = _body(reader, method, status, fields, _UNBOUNDED if 200 <= status <= 299 else limit)
+        except BaseException:
+            sock.close()
+            raise
+        self._give(sock) if keep and whole and not reader.buffer else sock.close()
+        return status, reason, answer
+
+    def _exchange(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        connect_s: float | None,
+        read_s: float | None,
+        deadline: float | None,
+    ) -> tuple[Any, _Reader, tuple[int, str, dict[str, str], bool]]:
+        """Send the request and read its answer's head: (connection, its reader, the head). A target
+        or a header value with a control character is a ValueError, as in ``http.client``."""
+        if _CONTROL.search(target) or any(_BREAK.search(v) for v in headers.values()):
+            raise ValueError(f"a request target or header value with a control character: {target[:100]!r}")
+        lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.authority}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        while True:
+            sock, kept = self._take(connect_s, deadline)
+            reader = _Reader(sock, read_s, deadline)
+            try:
+                sock.settimeout(_within(reader.read_s, deadline))
+                sock.sendall(data)
+                return sock, reader, _head(reader)
+            except (_Closed, BrokenPipeError, ConnectionResetError):
+                sock.close()
+                if kept and method in _SAFE_AGAIN:  # the server closed it as it was taken
+                    continue
+                raise
+            except BaseException:
+                sock.close()
+                raise
+
+    def _take(self, connect_s: float | None, deadline: float | None) -> tuple[Any, bool]:
+        now = self.clock()
+        while True:
+            with self._lock:
+                if not self._kept:
+                    break
+                sock, since = self._kept.pop()
+            poll = select.poll()
+            poll.register(sock, select.POLLIN)
+            if now - since < KEPT_IDLE_S and not poll.poll(0):
+                return sock, True
+            sock.close()  # the server closed it, sent what nobody asked for, or it sat idle too long
+        return self._connect(connect_s, deadline), False
+
+    def _connect(self, connect_s: float | None, deadline: float | None) -> Any:
+        """A new connection; its TLS settings are read from the configuration's files each time, as
+        urllib3 does (a rotated client certificate is used on the next connection)."""
+        sock = socket.create_connection(self.address, timeout=_within(connect_s, deadline))
+        try:
+            for option in self.socket_options if self.socket_options is not None else _NODELAY:
+                sock.setsockopt(*option)
+            if self.tls:
+                sock = _tls_context(self.cfg).wrap_socket(sock, server_hostname=self.server_hostname)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _give(self, sock: Any) -> None:
+        with self._lock:
+            if len(self._kept) < self.maxsize:
+                self._kept.append((sock, self.clock()))
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = self._kept, []
+        for sock, _ in kept:
+            sock.close()
+
+
+_NODELAY: Final = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+"""urllib3's default socket options: a request is one write, its answer not held back."""
+
+
+def _tls_context(cfg: Any) -> ssl.SSLContext:
+    """The TLS settings urllib3 makes of the same configuration (``pool_manager``): TLS 1.2 or later,
+    the configuration's CA (else the system's), its client certificate, the server's name checked
+    unless verification is off or ``assert_hostname`` is False."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    if not cfg.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        ca_file, ca_data = cfg.ssl_ca_cert, getattr(cfg, "ca_cert_data", None)
+        if ca_file or ca_data:
+            context.load_verify_locations(cafile=ca_file or None, cadata=ca_data or None)
+        else:
+            context.load_default_certs()
+        if getattr(cfg, "assert_hostname", None) is False:
+            context.check_hostname = False
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    return context
+
+
+def _limits(timeout: Timeout) -> tuple[float | None, float | None, float | None]:
+    """(connect seconds, seconds per read, deadline) of a ``Timeout``: a total bounds both by one deadline."""
+    if isinstance(timeout, tuple):
+        return timeout[0], timeout[1], None
+    if timeout is None:
+        return None, None, None
+    return timeout, timeout, time.monotonic() + timeout
+
+
+def _within(seconds: float | None, deadline: float | None) -> float | None:
+    if deadline is None:
+        return seconds
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request's time is up")
+    return left if seconds is None else min(seconds, left)
+
+
+class _Reader:
+    """An answer's bytes from one connection, read as they are asked for."""
+
+    def __init__(self, sock: Any, read_s: float | None, deadline: float | None) -> None:
+        self.sock, self.read_s, self.deadline = sock, read_s, deadline
+        self.buffer = bytearray()
+        self.scratch = bytearray(_RECEIVE)
+        self.view = memoryview(self.scratch)
+        self.received = 0
+
+    def fill(self) -> bool:
+        """Read what has come; False at the end of the connection."""
+        self.sock.settimeout(_within(self.read_s, self.deadline))
+        count = self.sock.recv_into(self.scratch)
+        if not count:
+            return False
+        self.received += count
+        self.buffer += self.view[:count]
+        return True
+
+    def until(self, mark: bytes, bound: int) -> bytes:
+        """The bytes before ``mark``, consumed with it; ``_Broken`` past ``bound`` bytes."""
+        start = 0
+        while True:
+            found = self.buffer.find(mark, start)
+            if found >= 0:
+                line = bytes(self.buffer[:found])
+                del self.buffer[: found + len(mark)]
+                return line
+            if len(self.buffer) > bound:
+                raise _Broken(f"a line of the answer over {bound} bytes")
+            start = max(0, len(self.buffer) - len(mark) + 1)
+            if not self.fill():
+                raise (_Closed if self.received == 0 else _Broken)("the connection ended before the answer")
+
+    def pieces(self, count: int, to_end: bool) -> Iterator[bytes]:
+        """The next ``count`` bytes, in pieces of at most ``_PIECE`` handed out once read whole (a watch
+        event is one chunk: one piece); with ``to_end``, fewer when the connection ends first (else
+        ``_Broken``)."""
+        while count > 0:
+            want = min(count, _PIECE)
+            while len(self.buffer) < want:
+                if not self.fill():
+                    if not to_end:
+                        raise _Broken("the connection ended inside the answer's body")
+                    if self.buffer:
+                        yield bytes(self.buffer)
+                        self.buffer.clear()
+                    return
+            piece = bytes(memoryview(self.buffer)[:want])
+            del self.buffer[:want]
+            count -= want
+            yield piece
+
+
+_PIECE: Final = 1024 * 1024
+"""Bytes of a body handed out at most at once."""
+_RECEIVE: Final = 64 * 1024
+"""Bytes read from a connection at a time (TLS hands out one record of at most 16 KiB per read)."""
+_UNBOUNDED: Final = 1 << 62
+
+
+def _head(reader: _Reader) -> tuple[int, str, dict[str, str], bool]:
+    """(status, reason, fields, whether HTTP/1.1 lets the connection be kept) of the first answer that
+    is not interim (1xx)."""
+    while True:
+        lines = reader.until(b"\r\n\r\n", MAX_HEAD_BYTES).split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        code, _, reason = rest.partition(b" ")
+        if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+            raise _Broken(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        fields: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise _Broken(f"not a header line: {line[:80]!r}")
+            key, text = name.strip().lower().decode("latin-1"), value.strip().decode("latin-1")
+            fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        status = int(code)
+        if not 100 <= status <= 199:
+            keep = version == b"HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+            return status, reason.decode("latin-1"), fields, keep
+
+
+def _length(fields: Mapping[str, str]) -> int | None:
+    length = fields.get("content-length")
+    if length is None:
+        return None
+    if not length.isdigit():
+        raise _Broken(f"a Content-Length that is not a number: {length[:40]!r}")
+    return int(length)
+
+
+def _body(reader: _Reader, method: str, status: int, fields: Mapping[str, str], bound: int) -> tuple[bytes, bool]:
+    """The answer's body, up to ``bound`` bytes; whether it was read whole by its framing (else the
+    connection cannot be used again)."""
+    if method == "HEAD" or status in (204, 304):
+        return b"", True
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        parts: list[bytes] = []
+        total = 0
+        for piece in _chunks(reader):
+            parts.append(piece[: bound - total])
+            total += len(parts[-1])
+            if total >= bound:
+                return b"".join(parts), False
+        return b"".join(parts), True
+    length = _length(fields)
+    if length is None:
+        return b"".join(reader.pieces(bound, True)), False
+    return b"".join(reader.pieces(min(length, bound), False)), length <= bound
+
+
+def _chunks(reader: _Reader) -> Iterator[bytes]:
+    """The data of a chunked body as it arrives, up to its last chunk and trailers."""
+    while True:
+        size_text = reader.until(b"\r\n", 1024).split(b";", 1)[0].strip()
+        if not size_text or any(c not in _HEX for c in size_text):
+            raise _Broken(f"not a chunk size: {size_text[:40]!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            while reader.until(b"\r\n", MAX_HEAD_BYTES):  # trailers, up to the empty line
+                pass
+            return
+        yield from reader.pieces(size, False)
+        if reader.until(b"\r\n", 2) != b"":
+            raise _Broken("a chunk not followed by CRLF")
+
+
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+
+
 # -- requests ------------------------------------------------------------------------------------
 def segment(name: str) -> str:
     """``name`` as one path segment: every character but unreserved ones percent-encoded ("/" too)."""
@@ -535,12 +884,13 @@ def segment(name: str) -> str:
 
 def url(host: str, path: str, query: Mapping[str, Any] | None = None) -> str:
     """``host`` + ``path`` + the query's non-None parameters."""
+    return str(host).rstrip("/") + target(path, query)
+
+
+def target(path: str, query: Mapping[str, Any] | None = None) -> str:
+    """``path`` + the query's non-None parameters."""
     params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-    return str(host).rstrip("/") + path + ("?" + urlencode(params) if params else "")
-
-
-Timeout = float | tuple[float, float] | None
-"""A total in seconds, or (connect, read) seconds, or None for no limit."""
+    return path + ("?" + urlencode(params) if params else "")
 
 
 class WatchLines:
@@ -582,11 +932,20 @@ class Client:
     ``Unavailable``). Not shared between processes; safe to share between threads (the pool is)."""
 
     def __init__(
-        self, cfg: Any, *, user_agent: str, maxsize: int = 4, environ: Mapping[str, str] | None = None
+        self,
+        cfg: Any,
+        *,
+        user_agent: str,
+        maxsize: int = 4,
+        environ: Mapping[str, str] | None = None,
+        lane: bool = True,
     ) -> None:
         self.configuration = cfg
         self.user_agent = user_agent
         self._pool = pool_manager(cfg, maxsize=maxsize, environ=environ)
+        self._lane = Lane.for_config(cfg, maxsize, environ) if lane else None
+        """Where requests go (None: through urllib3, as watch streams always do; ``lane=False`` asks
+        for that, to measure one beside the other)."""
 
     def headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": self.user_agent}
@@ -636,21 +995,12 @@ class Client:
         timeout: Timeout = 10.0,
     ) -> Any:
         """One request: the decoded JSON answer (None when empty), or the typed error."""
-        import urllib3
-
-        response = self._send(method, path, query, body, content_type, timeout)
-        ok = 200 <= response.status <= 299
-        try:
-            data = response.read() if ok else response.read(64 * 1024)  # an error's text is bounded
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
-        finally:
-            response.release_conn() if ok else response.close()
-        if not ok:
+        status, reason, data = self._exchange(method, path, query, body, content_type, timeout)
+        if not 200 <= status <= 299:
             raise error_for(
-                response.status,
-                f"{method} {path}: HTTP {response.status} {status_message(data)}".strip(),
-                reason=response.reason or "",
+                status,
+                f"{method} {path}: HTTP {status} {status_message(data)}".strip(),
+                reason=reason,
                 body=data[:MAX_ERROR_BODY].decode(errors="replace"),
             )
         if not data:
@@ -659,6 +1009,47 @@ class Client:
             return json.loads(data)
         except ValueError as exc:  # a 2xx that is not JSON (a proxy's page, a cut answer): transient
             raise Unavailable(f"{method} {path}: the answer is not JSON: {str(exc)[:200]}") from exc
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: Timeout,
+    ) -> tuple[int, str, bytes]:
+        """(status, reason, body) of one request, on the lane or through urllib3; an answer outside
+        2xx is read up to ``ERROR_READ`` bytes."""
+        if self._lane is None:
+            return self._through_pool(method, path, query, body, content_type, timeout)
+        payload = None if body is None else json.dumps(body).encode()
+        headers = self.headers(content_type or (JSON if body is not None else None))
+        try:
+            return self._lane.request(method, target(path, query), headers, payload, timeout, ERROR_READ)
+        except (OSError, _Broken) as exc:  # the API server is unreachable, slow, or not speaking HTTP
+            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+
+    def _through_pool(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: Timeout,
+    ) -> tuple[int, str, bytes]:
+        import urllib3
+
+        response = self._send(method, path, query, body, content_type, timeout)
+        ok = 200 <= response.status <= 299
+        try:
+            data = response.read() if ok else response.read(ERROR_READ)
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        finally:
+            response.release_conn() if ok else response.close()
+        return response.status, response.reason or "", data
 
     def stream(
         self,
@@ -697,3 +1088,5 @@ class Client:
 
     def close(self) -> None:
         self._pool.clear()
+        if self._lane is not None:
+            self._lane.close()

@@ -5,7 +5,8 @@ watch event     CPU of the watching thread per pod event read from the API serve
                 ``json.loads`` of the same events alone; pods made, labelled and deleted by
                 another process, so that nothing else in this one holds the GIL
 request         CPU per request through ``fiar_kube.Client`` on a kept connection: an Event
-                POST (the reconciler's Warnings) and a GET (a webhook's bounded read)
+                POST (the reconciler's Warnings) and a GET (a webhook's bounded read), on the
+                client's own lane (``fiar_kube.Lane``) beside urllib3's pool
 thread hop      CPU of the whole process per call handed from an asyncio loop to a thread pool
                 and awaited (``asyncio.wrap_future``, as the webhook server hands each review
                 to a review thread), beside the call made on the loop
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fiar_kube
 from devcluster import pki
 from devcluster.cluster import ControlPlane, Tier
 from fiar_operator.reconcile import events
@@ -98,19 +100,26 @@ def watch_event(plane: ControlPlane, client: kube.Kube, pods: int) -> dict[str, 
 
 
 def requests(client: kube.Kube, n: int) -> dict[str, float]:
+    """CPU per Event POST and per GET on a kept connection: on ``fiar_kube.Lane`` (how the operator
+    and the agent send requests) and through urllib3 (``lane=False``), alternated in rounds."""
     target = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "floor", "uid": "u"}}
     event = events.Event(target, "Warning", "FlashInferNotTurnedOff", "m" * 300)
-    for _ in range(20):
-        events.post(client, event, "bench")
-    started = time.thread_time()
-    for _ in range(n):
-        events.post(client, event, "bench")
-    post = time.thread_time() - started
-    started = time.thread_time()
-    for _ in range(n):
-        client.call("GET", "/api/v1/namespaces/floor")
-    get = time.thread_time() - started
-    return {"event_post_us": 1e6 * post / n, "get_us": 1e6 * get / n}
+    pooled = kube.Kube(client.configuration)
+    pooled.client = fiar_kube.Client(client.configuration, user_agent="fiar-operator", lane=False)
+    spent: dict[str, float] = {}
+    for _ in range(3):
+        for name, k in (("lane", client), ("urllib3", pooled)):
+            for _ in range(20):
+                events.post(k, event, "bench")
+            started = time.thread_time()
+            for _ in range(n):
+                events.post(k, event, "bench")
+            spent[f"event_post_us_{name}"] = spent.get(f"event_post_us_{name}", 0.0) + time.thread_time() - started
+            started = time.thread_time()
+            for _ in range(n):
+                k.call("GET", "/api/v1/namespaces/floor")
+            spent[f"get_us_{name}"] = spent.get(f"get_us_{name}", 0.0) + time.thread_time() - started
+    return {key: 1e6 * value / (3 * n) for key, value in spent.items()}
 
 
 def thread_hop(n: int) -> dict[str, float]:

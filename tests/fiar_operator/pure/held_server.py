@@ -16,7 +16,8 @@ from fiar_operator.state.store import Store
 
 
 class HeldAdmission(Admission):
-    """Admission whose answer to the review with uid ``held`` waits until ``release`` is set."""
+    """Admission whose answer to the review with uid ``held`` takes a planning step (so that it is
+    answered on a review thread, not on the event loop) and waits until ``release`` is set."""
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
         super().__init__(store, metrics)
@@ -26,6 +27,8 @@ class HeldAdmission(Admission):
         self, review: Review, fetched: Any = None, can_read: bool = True, budget: Any = None
     ) -> dict[str, Any] | Need:
         if review.uid == "held":
+            if budget is not None:
+                budget.spend(1)
             self.release.wait(10)
         return super().pod_create(review, fetched, can_read, budget)
 

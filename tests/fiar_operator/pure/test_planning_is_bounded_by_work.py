@@ -422,7 +422,8 @@ def indexed_pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
 
 
 class Holding(Admission):
-    """Admission whose CREATE review with uid ``hold`` keeps its review thread until ``release``."""
+    """Admission whose CREATE review with uid ``hold`` takes a planning step (so that it goes to a
+    review thread) and keeps that thread until ``release``."""
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
         super().__init__(store, metrics)
@@ -432,15 +433,17 @@ class Holding(Admission):
         self, review: Any, fetched: Any = None, can_read: bool = True, budget: limits.Budget | None = None
     ) -> Any:
         if review.uid == "hold":
+            assert budget is not None
+            budget.spend(1)
             self.holding.set()
             self.release.wait(10)
         return super().pod_create(review, fetched, can_read, budget)
 
 
-def test_a_single_pods_binding_is_answered_while_every_review_thread_is_busy(tmp_path: Path) -> None:
-    """A single pod's binding takes no planning step: the event loop answers it. A group's binding walks
-    the candidate nodes, so it goes to a review thread, and waits for one; both get the answer a review
-    thread with a whole budget gives."""
+def test_a_single_pods_create_and_binding_are_answered_while_every_review_thread_is_busy(tmp_path: Path) -> None:
+    """A single pod's CREATE and binding take no planning step: the event loop answers them. A group's
+    binding walks the candidate nodes, so it goes to a review thread, and waits for one; each gets the
+    answer a review thread with a whole budget gives."""
     ca = pki.CertificateAuthority()
     crt, key = ca.issue("fiar", hosts=("127.0.0.1",)).write(tmp_path, "serving")
     store = fleet()
@@ -455,6 +458,8 @@ def test_a_single_pods_binding_is_answered_while_every_review_thread_is_busy(tmp
         name: admission.binding(parse_review(binding_body(name, f"uid-{name}")), can_read=False)
         for name in ("single", "grp")
     }
+    plain = {"metadata": {"generateName": "vllm-", "labels": {"app": "vllm"}}, "spec": {"containers": [container()]}}
+    expected["create"] = admission.pod_create(parse_review(review_body(plain, uid="create")), can_read=False)
     with pytest.raises(NeedsThread):
         admission.binding(parse_review(binding_body("grp", "uid-grp")), can_read=False, budget=limits.OnLoop())
     server = Server(admission, metrics, settings, None, lambda: store.synced, Bounds(workers=1, work_deadline=5.0))
@@ -477,6 +482,8 @@ def test_a_single_pods_binding_is_answered_while_every_review_thread_is_busy(tmp
             group = pool.submit(send, "/mutate/binding", binding_body("grp", "uid-grp"))
             assert send("/mutate/binding", binding_body("single", "uid-single")) == (200, expected["single"])
             assert "patch" in expected["single"]["response"]
+            assert send("/mutate/pods", review_body(plain, uid="create")) == (200, expected["create"])
+            assert "patch" in expected["create"]["response"]
             assert not group.done()  # behind the held review, on the one review thread
             admission.release.set()
             assert group.result(10) == (200, expected["grp"]) and held.result(10)[0] == 200

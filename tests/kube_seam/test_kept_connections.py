@@ -1,0 +1,278 @@
+"""Requests on the client's kept connections (``fiar_kube.Lane``): one connection carries request after
+request, a connection the server closed is never written to, every framing the API server uses is
+read, and an answer that is not HTTP, or never ends, is ``Unavailable`` within the request's time.
+
+The server is a real TCP server on loopback that writes, on each connection it accepts, the bytes a
+test scripts for each request it reads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import fiar_kube as kube
+
+Reply = Callable[[bytes], "bytes | Callable[[socket.socket], None] | None"]
+"""What to write for one request's head and body: bytes, or a function that writes on the
+connection itself (None: close the connection at once)."""
+
+
+class Scripted:
+    """A TCP server on 127.0.0.1: for each request read on a connection, writes ``reply``'s bytes,
+    then closes the connection when ``close_after`` says so. Records each connection's port."""
+
+    def __init__(self, reply: Reply, close_after: Callable[[int], bool] = lambda _: False) -> None:
+        self.reply, self.close_after = reply, close_after
+        self.peers: list[int] = []
+        self.requests: list[bytes] = []
+        self.closed = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self.listener.accept()
+            except OSError:
+                return
+            self.peers.append(peer[1])
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        except OSError:  # the client went away
+            return
+        self.closed.set()
+
+    def _answer(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                request, buffer = head + b"\r\n\r\n" + buffer[:length], buffer[length:]
+                self.requests.append(request)
+                answer = self.reply(request)
+                if answer is None:
+                    break
+                conn.sendall(answer) if isinstance(answer, bytes) else answer(conn)
+                if self.close_after(len(self.requests)):
+                    break
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    started: list[Scripted] = []
+
+    def start(reply: Reply, close_after: Callable[[int], bool] = lambda _: False) -> Scripted:
+        server = Scripted(reply, close_after)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.close()
+
+
+def client(url: str) -> kube.Client:
+    cfg = kube.Credentials(url)
+    cfg.api_key["BearerToken"] = "Bearer t"
+    return kube.Client(cfg, user_agent="t", environ={})
+
+
+def framed(body: Any, status: str = "200 OK", extra: str = "") -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n{extra}\r\n".encode()
+        + data
+    )
+
+
+def chunked(body: Any, size: int) -> bytes:
+    data = json.dumps(body).encode()
+    out = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for start in range(0, len(data), size):
+        piece = data[start : start + size]
+        out += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+def test_requests_in_turn_share_one_kept_connection(scripted: Callable[..., Scripted]) -> None:
+    server = scripted(lambda _: framed({"kind": "Namespace"}))
+    api = client(server.url)
+    for _ in range(5):
+        assert api.request("GET", "/api/v1/namespaces/a") == {"kind": "Namespace"}
+    api.request("POST", "/api/v1/namespaces/a/events", body={"x": 1})
+    assert len(server.peers) == 1 and len(server.requests) == 6
+    assert server.requests[-1].endswith(b'\r\n\r\n{"x": 1}') and b"Content-Length: 8\r\n" in server.requests[-1]
+
+
+def test_a_connection_the_server_closed_is_never_written_to(scripted: Callable[..., Scripted]) -> None:
+    """The server closes each connection after its answer, without saying so: the next request, a POST
+    that must not be sent twice, goes on a new connection and is sent once."""
+    server = scripted(lambda _: framed({"kind": "Event"}, "201 Created"), close_after=lambda _: True)
+    api = client(server.url)
+    api.request("POST", "/api/v1/namespaces/a/events", body={"n": 1})
+    assert server.closed.wait(5)
+    time.sleep(0.05)  # the end of the connection reaches the client
+    api.request("POST", "/api/v1/namespaces/a/events", body={"n": 2})
+    assert len(server.peers) == 2 and len(server.requests) == 2
+
+
+def test_a_connection_the_server_asks_to_close_is_not_kept(scripted: Callable[..., Scripted]) -> None:
+    server = scripted(lambda _: framed({}, extra="Connection: close\r\n"))
+    api = client(server.url)
+    api.request("GET", "/a")
+    api.request("GET", "/b")
+    assert len(server.peers) == 2
+
+
+def test_a_get_on_a_kept_connection_closed_as_it_is_sent_is_sent_again(scripted: Callable[..., Scripted]) -> None:
+    """The server reads the second request and closes without an answer: a GET goes again on a new
+    connection (a POST would be Unavailable: it may have been carried out)."""
+    answers = iter([framed({"n": 1}), None, framed({"n": 2})])
+    server = scripted(lambda _: next(answers))
+    api = client(server.url)
+    assert api.request("GET", "/a") == {"n": 1}
+    assert api.request("GET", "/b") == {"n": 2}
+    assert len(server.peers) == 2 and len(server.requests) == 3
+
+
+def test_a_post_whose_connection_closes_without_an_answer_is_unavailable(scripted: Callable[..., Scripted]) -> None:
+    answers = iter([framed({"n": 1}), None])
+    server = scripted(lambda _: next(answers))
+    api = client(server.url)
+    api.request("GET", "/a")
+    with pytest.raises(kube.Unavailable, match="POST /api/v1/namespaces/a/events"):
+        api.request("POST", "/api/v1/namespaces/a/events", body={})
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096])
+def test_a_chunked_answer_is_read_whole_and_its_connection_kept(scripted: Callable[..., Scripted], size: int) -> None:
+    items = [{"metadata": {"name": f"pod-{i}"}} for i in range(300)]
+    server = scripted(lambda _: chunked({"kind": "PodList", "items": items}, size))
+    api = client(server.url)
+    assert api.request("GET", "/api/v1/pods")["items"] == items
+    assert api.request("GET", "/api/v1/pods")["items"] == items
+    assert len(server.peers) == 1
+
+
+def test_an_answer_framed_by_the_end_of_its_connection_is_read_whole(scripted: Callable[..., Scripted]) -> None:
+    data = json.dumps({"kind": "Node"}).encode()
+    server = scripted(lambda _: b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + data, lambda _: True)
+    api = client(server.url)
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert len(server.peers) == 2
+
+
+def test_an_interim_answer_is_skipped(scripted: Callable[..., Scripted]) -> None:
+    server = scripted(lambda _: b"HTTP/1.1 100 Continue\r\n\r\n" + framed({"kind": "Node"}))
+    assert client(server.url).request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (kube.MAX_HEAD_BYTES + 10),
+        b"",
+    ],
+    ids=["not-http", "status", "header", "length", "short-body", "chunk-size", "chunk-end", "long-head", "nothing"],
+)
+def test_an_answer_that_is_not_http_as_the_api_server_writes_it_is_unavailable(
+    scripted: Callable[..., Scripted], answer: bytes
+) -> None:
+    server = scripted(lambda _: answer, close_after=lambda _: True)
+    with pytest.raises(kube.Unavailable, match="GET /api/v1/nodes"):
+        client(server.url).request("GET", "/api/v1/nodes", timeout=5.0)
+
+
+def test_an_error_answer_is_read_up_to_its_bound_and_its_connection_dropped(scripted: Callable[..., Scripted]) -> None:
+    body = b'{"kind":"Status","message":"no"}' + b" " * (4 * kube.ERROR_READ)
+    server = scripted(
+        lambda _: f"HTTP/1.1 500 Internal Server Error\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    api = client(server.url)
+    with pytest.raises(kube.Unavailable) as raised:
+        api.request("GET", "/api/v1/nodes")
+    assert raised.value.status == 500 and len(raised.value.body) <= kube.MAX_ERROR_BODY
+    with pytest.raises(kube.Unavailable):
+        api.request("GET", "/api/v1/nodes")
+    assert len(server.peers) == 2  # the unread rest was never taken for the next answer
+
+
+def test_an_answer_that_never_ends_is_unavailable_within_the_requests_time(scripted: Callable[..., Scripted]) -> None:
+    """Bytes that keep coming, a little at a time, do not extend a total time limit."""
+
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while not stop.wait(0.05):
+            conn.sendall(b" ")
+
+    server = scripted(lambda _: trickle)
+    api = client(server.url)
+    started = time.monotonic()
+    try:
+        with pytest.raises(kube.Unavailable, match="TimeoutError"):
+            api.request("GET", "/api/v1/nodes", timeout=0.5)
+        assert time.monotonic() - started < 2
+    finally:
+        stop.set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_kept_connection_idle_past_its_bound_is_not_used(scripted: Callable[..., Scripted]) -> None:
+    """Below the API server's own 90 s, so that no request goes on a connection it is closing."""
+    server = scripted(lambda _: framed({}))
+    clock = Clock()
+    lane = kube.Lane(kube.Credentials(server.url), 4, clock=clock)
+    assert lane.request("GET", "/a", {}, None, 5.0, kube.ERROR_READ)[0] == 200
+    clock.now += kube.KEPT_IDLE_S - 1
+    lane.request("GET", "/b", {}, None, 5.0, kube.ERROR_READ)
+    assert len(server.peers) == 1
+    clock.now += kube.KEPT_IDLE_S
+    lane.request("GET", "/c", {}, None, 5.0, kube.ERROR_READ)
+    assert len(server.peers) == 2 and kube.KEPT_IDLE_S < 90
