@@ -568,11 +568,11 @@ class _Closed(_Broken):
 class Lane:
     """HTTP/1.1 requests to the API server on kept connections, written on ``socket`` and ``ssl``.
 
-    An Event POST through urllib3 costs this process 590-670 µs of CPU on the development machine,
+    An Event POST through urllib3 costs this process 542-667 µs of CPU on the development machine,
     most of it in urllib3's and ``http.client``'s Python (``email`` parses each answer's headers);
-    on this lane 240-280 µs, a GET 180-220 µs against 490-540 (``bench/operator_python_floor.py``,
+    on this lane 235-283 µs, a GET 168-221 µs against 451-543 (``bench/operator_python_floor.py``,
     BENCHMARKS.md). It carries ``Client.request``. Watch streams stay on urllib3: read on this lane,
-    an event cost as much (130-150 µs, most of it TLS and ``json.loads``). ``for_config`` gives None
+    an event cost as much (131-153 µs, most of it TLS and ``json.loads``). ``for_config`` gives None
     for what it does not reproduce exactly (a proxy, a name to check the certificate against that is
     not the server's), and urllib3 carries those requests too.
 

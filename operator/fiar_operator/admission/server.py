@@ -82,9 +82,9 @@ ROUTES: Final = (
 ON_LOOP_BODY: Final = 16 * 1024
 """Bytes of a review answered on the event loop at most. A Binding's review is about 1 KB, a vLLM
 pod's CREATE review 3-10 KB; parsing 16 KiB of JSON takes tens of microseconds, and planning walks
-what was parsed a few times. A review's trip to a review thread and back costs the process 140 µs
-of CPU here (``bench/operator_python_floor.py``); a single pod's binding takes 59 µs at p50 to
-answer, a vLLM pod's CREATE 349 µs (``bench/operator_admission_latency.py``)."""
+what was parsed a few times. A review's trip to a review thread and back costs the process
+115-140 µs of CPU here (``bench/operator_python_floor.py``); a single pod's binding takes 59 µs at
+p50 to answer, a vLLM pod's CREATE 331-349 µs (``bench/operator_admission_latency.py``)."""
 
 
 def encode(answer: Mapping[str, Any]) -> bytes:

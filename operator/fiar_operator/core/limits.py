@@ -191,7 +191,8 @@ class OnLoop(Budget):
     """The budget of a review answered on the webhook server's event loop: no planning step at all.
     The first raises ``NeedsThread``, and the review goes to a review thread: the loop serves every
     connection, so it runs only what is bounded without a deadline (a single pod's binding looks up
-    its pod and its node; a group's walks the candidate nodes, spending a step for each)."""
+    its pod and its node, a single pod's CREATE plans its patch; a group's walks the candidate nodes,
+    spending a step for each)."""
 
     def __init__(self) -> None:
         super().__init__(0, None)

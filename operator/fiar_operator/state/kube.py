@@ -1,8 +1,9 @@
 """The operator's calls to the Kubernetes API, over the seam it shares with the node agent (``fiar_kube``).
 
-``fiar_kube`` loads the credentials (kubeconfig or in-cluster, with token re-reads), owns the urllib3
-pool and maps failures to typed errors (``NotFound``, ``Conflict``, ``Gone``, ...); objects stay plain
-dicts, which keeps the informers cheap and the code independent of the generated client's models.
+``fiar_kube`` loads the credentials (kubeconfig or in-cluster, with token re-reads), owns the kept
+connections (its lane for requests, a urllib3 pool for watches) and maps failures to typed errors
+(``NotFound``, ``Conflict``, ``Gone``, ...); objects stay plain dicts, which keeps the informers
+cheap and the code independent of the generated client's models.
 This module names the collections the operator uses and pages through lists.
 """
 
