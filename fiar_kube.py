@@ -666,7 +666,8 @@ class Lane:
                 sock, since = self._kept.pop()
             poll = select.poll()
             poll.register(sock, select.POLLIN)
-            if now - since < KEPT_IDLE_S and not poll.poll(0):
+            waiting = poll.poll(0) or (self.tls and sock.pending())  # bytes on the socket, or decrypted
+            if now - since < KEPT_IDLE_S and not waiting:
                 return sock, True
             sock.close()  # the server closed it, sent what nobody asked for, or it sat idle too long
         return self._connect(connect_s, deadline), False
