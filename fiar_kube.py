@@ -586,7 +586,9 @@ class Lane:
         self.tls = parts.scheme == "https"
         self.hostname = parts.hostname or ""
         self.address = (self.hostname, parts.port or (443 if self.tls else 80))
-        self.authority = parts.netloc
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        self.authority = f"{host}:{parts.port}" if parts.port else host
+        """The Host header: host and port only (never a ``user:password@`` of the URL)."""
         self.prefix = parts.path.rstrip("/")
         self.server_hostname = getattr(cfg, "tls_server_name", None) or self.hostname
         self.maxsize = maxsize
@@ -594,6 +596,7 @@ class Lane:
         self.cfg, self.clock = cfg, clock
         self._kept: list[tuple[Any, float]] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def for_config(cls, cfg: Any, maxsize: int, environ: Mapping[str, str] | None = None) -> Lane | None:
@@ -680,6 +683,7 @@ class Lane:
             for option in self.socket_options if self.socket_options is not None else _NODELAY:
                 sock.setsockopt(*option)
             if self.tls:
+                sock.settimeout(_within(connect_s, deadline))  # the handshake gets what time is left
                 sock = _tls_context(self.cfg).wrap_socket(sock, server_hostname=self.server_hostname)
         except BaseException:
             sock.close()
@@ -688,13 +692,15 @@ class Lane:
 
     def _give(self, sock: Any) -> None:
         with self._lock:
-            if len(self._kept) < self.maxsize:
+            if not self._closed and len(self._kept) < self.maxsize:
                 self._kept.append((sock, self.clock()))
                 return
         sock.close()
 
     def close(self) -> None:
+        """Close the kept connections; one still in use is closed when its request ends."""
         with self._lock:
+            self._closed = True
             kept, self._kept = self._kept, []
         for sock, _ in kept:
             sock.close()
@@ -707,9 +713,12 @@ _NODELAY: Final = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 def _tls_context(cfg: Any) -> ssl.SSLContext:
     """The TLS settings urllib3 makes of the same configuration (``pool_manager``): TLS 1.2 or later,
     the configuration's CA (else the system's), its client certificate, the server's name checked
-    unless verification is off or ``assert_hostname`` is False."""
+    against the certificate's subject alternative names (never its CN) unless verification is off
+    or ``assert_hostname`` is False."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.hostname_checks_common_name = False  # a name only in the subject's CN is no match (urllib3 2)
+    context.options |= ssl.OP_NO_TICKET
     context.set_alpn_protocols(["http/1.1"])
     if not cfg.verify_ssl:
         context.check_hostname = False
@@ -833,7 +842,7 @@ def _length(fields: Mapping[str, str]) -> int | None:
     length = fields.get("content-length")
     if length is None:
         return None
-    if not length.isdigit():
+    if not (length.isascii() and length.isdigit()):
         raise _Broken(f"a Content-Length that is not a number: {length[:40]!r}")
     return int(length)
 
@@ -843,7 +852,12 @@ def _body(reader: _Reader, method: str, status: int, fields: Mapping[str, str], 
     connection cannot be used again)."""
     if method == "HEAD" or status in (204, 304):
         return b"", True
-    if "chunked" in fields.get("transfer-encoding", "").lower():
+    coding = fields.get("transfer-encoding")
+    if coding is not None and coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
+        # a transfer coding this module does not decode (or chunked not last): framed by the end of
+        # the connection, as RFC 9112 says, whatever Content-Length says
+        return b"".join(reader.pieces(bound, True)), False
+    if coding is not None:
         parts: list[bytes] = []
         total = 0
         for piece in _chunks(reader):

@@ -7,14 +7,22 @@ test scripts for each request it reads."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import fiar_kube as kube
 
@@ -205,13 +213,25 @@ def test_an_interim_answer_is_skipped(scripted: Callable[..., Scripted]) -> None
         b"HTTP/1.1 2000 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"),
         b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX",
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * (kube.MAX_HEAD_BYTES + 10),
         b"",
     ],
-    ids=["not-http", "status", "header", "length", "short-body", "chunk-size", "chunk-end", "long-head", "nothing"],
+    ids=[
+        "not-http",
+        "status",
+        "header",
+        "length",
+        "unicode-digit",
+        "short-body",
+        "chunk-size",
+        "chunk-end",
+        "long-head",
+        "nothing",
+    ],
 )
 def test_an_answer_that_is_not_http_as_the_api_server_writes_it_is_unavailable(
     scripted: Callable[..., Scripted], answer: bytes
@@ -276,3 +296,83 @@ def test_a_kept_connection_idle_past_its_bound_is_not_used(scripted: Callable[..
     clock.now += kube.KEPT_IDLE_S
     lane.request("GET", "/c", {}, None, 5.0, kube.ERROR_READ)
     assert len(server.peers) == 2 and kube.KEPT_IDLE_S < 90
+
+
+def test_a_transfer_coding_it_cannot_decode_is_read_to_the_end(scripted: Callable[..., Scripted]) -> None:
+    """RFC 9112: a Transfer-Encoding whose last coding is not chunked frames the body by the end of
+    the connection, whatever Content-Length says."""
+    data = json.dumps({"kind": "Node"}).encode()
+    head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n"
+    server = scripted(lambda _: head.encode() + data, close_after=lambda _: True)
+    api = client(server.url)
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert len(server.peers) == 2
+
+
+def test_the_host_header_names_host_and_port_only(scripted: Callable[..., Scripted]) -> None:
+    server = scripted(lambda _: framed({}))
+    port = server.url.rsplit(":", 1)[1]
+    client(f"http://user:secret@127.0.0.1:{port}").request("GET", "/a")
+    assert f"\r\nHost: 127.0.0.1:{port}\r\n".encode() in server.requests[0] and b"secret" not in server.requests[0]
+
+
+def cn_only_certificate(folder: Path) -> tuple[Path, Path]:
+    """A CA, and a serving certificate it signed that names ``localhost`` only in its subject's CN
+    (server authentication allowed, no subject alternative names): (the CA's file, the pair's file)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kept-connections-test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (folder / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pem = serialization.Encoding.PEM
+    private = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (folder / "cn-only.pem").write_bytes(leaf.public_bytes(pem) + private)
+    return folder / "ca.crt", folder / "cn-only.pem"
+
+
+def test_a_certificate_naming_the_server_only_in_its_common_name_is_refused(tmp_path: Path) -> None:
+    """As urllib3 2 refuses it: the name must be among the certificate's subject alternative names."""
+    ca_file, pair = cn_only_certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pair))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(65536)
+                tls.sendall(framed({}, extra="Connection: close\r\n"))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    cfg = kube.Credentials(f"https://localhost:{listener.getsockname()[1]}")
+    cfg.ssl_ca_cert = str(ca_file)
+    try:
+        with pytest.raises(kube.Unavailable, match="Hostname mismatch"):
+            kube.Client(cfg, user_agent="t", environ={}).request("GET", "/a", timeout=5.0)
+    finally:
+        listener.close()
+        thread.join(5)
