@@ -940,6 +940,11 @@ def _event(line: bytes) -> dict[str, Any]:
     return event
 
 
+def _unavailable(what: str, exc: BaseException) -> Unavailable:
+    """The transient error for a failed exchange: what was asked, then the failure's type and text."""
+    return Unavailable(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
 class Client:
     """JSON requests and watch streams with the credentials of a kubernetes ``Configuration``.
 
@@ -997,7 +1002,7 @@ class Client:
                 retries=False,
             )
         except urllib3.exceptions.HTTPError as exc:  # the API server is unreachable or slow
-            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise _unavailable(f"{method} {path}", exc) from exc
 
     def request(
         self,
@@ -1043,7 +1048,7 @@ class Client:
         try:
             return self._lane.request(method, target(path, query), headers, payload, timeout, ERROR_READ)
         except (OSError, _Broken) as exc:  # the API server is unreachable, slow, or not speaking HTTP
-            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise _unavailable(f"{method} {path}", exc) from exc
 
     def _through_pool(
         self,
@@ -1061,7 +1066,7 @@ class Client:
         try:
             data = response.read() if ok else response.read(ERROR_READ)
         except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"{method} {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise _unavailable(f"{method} {path}", exc) from exc
         finally:
             response.release_conn() if ok else response.close()
         return response.status, response.reason or "", data
@@ -1095,7 +1100,7 @@ class Client:
                 yield from lines.feed(chunk)
             ended = True
         except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"watch {path}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise _unavailable(f"watch {path}", exc) from exc
         finally:
             # a stream the server ended goes back to the pool; one left early (an ERROR event, a
             # line over the bound, a stop) may hold unread bytes, so its connection is closed

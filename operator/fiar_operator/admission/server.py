@@ -337,14 +337,16 @@ class Server:
         return web.json_response({"error": message}, status=status)
 
     async def _answer(self, job: _Job, route: Route) -> bytes:
-        """Parse, answer and encode on the thread pool (one hop), within ``work_deadline``
-        (``asyncio.TimeoutError`` past it); a ``Need`` is read here, then answered there."""
+        """Parse, answer and encode: on the event loop where the route allows it and planning takes no
+        step, else on the thread pool (one hop), within ``work_deadline`` (``asyncio.TimeoutError``
+        past it); a ``Need`` is read here, then answered there."""
         loop = asyncio.get_running_loop()
         until = loop.time() + self.bounds.work_deadline
         first = self._first_on_loop(job, route) if route.on_loop and len(job.body) <= ON_LOOP_BODY else None
         if first is None:
             first = await asyncio.wait_for(
-                self._on_review_thread(functools.partial(self._first, job, route)), self.bounds.work_deadline
+                self._on_review_thread(functools.partial(self._first, job, route, job.budget)),
+                self.bounds.work_deadline,
             )
         review = job.review
         assert review is not None
@@ -366,21 +368,19 @@ class Server:
         return asyncio.wrap_future(future)
 
     def _first_on_loop(self, job: _Job, route: Route) -> bytes | Need | None:
-        """The answer made on the event loop, or None when planning needs a review thread (the body is
-        kept for it: it parses the review again)."""
-        job.review = parse_review(job.body)
+        """The answer made on the event loop, or None when planning needs a review thread (which
+        plans the parsed review again, with the review's whole budget)."""
         try:
-            answer = route.handler(self.admission)(job.review, can_read=self.kube is not None, budget=limits.OnLoop())
+            return self._first(job, route, limits.OnLoop())
         except NeedsThread:
             return None
-        job.body = b""
-        return encoded(answer)
 
-    def _first(self, job: _Job, route: Route) -> bytes | Need:
-        body, job.body = job.body, b""
-        job.review = parse_review(body)
-        del body
-        return encoded(route.handler(self.admission)(job.review, can_read=self.kube is not None, budget=job.budget))
+    def _first(self, job: _Job, route: Route, budget: limits.Budget) -> bytes | Need:
+        """Parse the review (once: a review begun on the loop is already parsed) and answer it."""
+        if job.review is None:
+            job.review = parse_review(job.body)
+            job.body = b""  # planning may hold a review thread a while: the body is not kept meanwhile
+        return encoded(route.handler(self.admission)(job.review, can_read=self.kube is not None, budget=budget))
 
     async def _fetch(self, need: Need) -> dict[str, Any] | None:
         """A bounded read of an object the indexes lack; None when it fails or takes too long."""
