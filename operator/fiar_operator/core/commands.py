@@ -57,7 +57,7 @@ import json
 import os.path
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
 import fiar_contract as contract
@@ -80,8 +80,12 @@ SHELL_REF_ARGS: Final = f'"${{{contract.ENV_VLLM_ARGS}}}"'
 value is one argument and is never parsed as shell text (the kubelet's ``$(FIAR_VLLM_ARGS)`` is
 textual: the shell would parse whatever the value holds)."""
 _SHELL_REFERENCE = re.compile(r"\$\{?" + contract.ENV_VLLM_ARGS + r"\b")
-_EVAL_SERVE = re.compile(r"\beval\b[^\n;&|]*\bvllm serve\b")
 _EVAL = re.compile(r"\beval\b")
+_VLLM_SERVE = re.compile(r"\bvllm serve\b")
+_COMMAND_END = re.compile(r"[\n;&|]")
+"""Where a shell's simple command ends, as far as ``_eval_runs_serve`` tells them apart."""
+MAX_SCRIPT: Final = 65536
+"""Longest ``sh -c`` script that is read (KServe's is under 2 KiB); a longer one is not understood."""
 DOTTED_FLAG: Final = f"-cc.pass_config.{FUSE_KEY}={REF_FUSE}"
 """The one flag fiar adds; also the value of FIAR_VLLM_ARGS."""
 ADDITIONAL_ARGS: Final = "VLLM_ADDITIONAL_ARGS"
@@ -372,7 +376,8 @@ def _sglang_edit(tokens: list[str], respect: bool) -> Edit:
         return Edit(None, problem=f"it sets both {SGLANG_DISABLE} and a backend")
     if own and respect:
         return Edit(None, explicit=True)
-    kept = [t for j, t in enumerate(tokens) if j not in set(own)]
+    dropped = set(own)
+    kept = [t for j, t in enumerate(tokens) if j not in dropped]
     at = 1 if kept[:1] and not kept[0].startswith("-") else 0  # `sglang serve MODEL`: the model stays first
     return Edit([*kept[:at], SGLANG_TOKEN, *kept[at:]])
 
@@ -386,6 +391,12 @@ class Entry:
     program: str = ""
     words: tuple[str, ...] = ()
     module: str = ""
+    spelling: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    """This entry as a shell script may spell it (``found_in``), compiled once."""
+
+    def __post_init__(self) -> None:
+        pattern = (r"\bpython[\d.]*\s+-m\s+" + re.escape(self.module)) if self.module else re.escape(self.text)
+        object.__setattr__(self, "spelling", re.compile(pattern + r"\b"))
 
     def start(self, argv: Sequence[str]) -> int | None:
         """Where the engine's own arguments start in ``argv``, or None when ``argv`` is not this entry."""
@@ -406,8 +417,7 @@ class Entry:
 
     def found_in(self, script: str) -> str | None:
         """This entry as ``script`` spells it (for a hint), or None."""
-        pattern = (r"\bpython[\d.]*\s+-m\s+" + re.escape(self.module)) if self.module else re.escape(self.text)
-        match = re.search(pattern + r"\b", script)
+        match = self.spelling.search(script)
         return match.group(0) if match else None
 
 
@@ -538,6 +548,8 @@ def _shell(
 ) -> CommandPlan:
     """A ``sh -c SCRIPT`` command: fiar's placeholder in it, KServe's VLLM_ADDITIONAL_ARGS, or a hint."""
     script = (command + args)[2]
+    if len(script) > MAX_SCRIPT:
+        return CommandPlan(None, f"a shell command of {len(script)} characters (fiar reads at most {MAX_SCRIPT})")
     for engine in named:
         if engine.shell_reference.search(script):
             if engine.placeholder_at is not None and not engine.placeholder_at.search(script):
@@ -599,6 +611,21 @@ def _split(new: list[str], command: list[str], args: list[str]) -> Split:
     return Split(None if head == command else tuple(head), None if tail == args else tuple(tail))
 
 
+def _eval_runs_serve(script: str) -> bool:
+    """Whether an ``eval`` word and a later ``vllm serve`` stand in one simple command of ``script`` (no
+    newline, ``;``, ``&`` or ``|`` between them).
+
+    One pass over each command, not a pattern ``eval[^;...]*vllm serve``: that one backtracks from every
+    ``eval`` to the command's end, quadratic in a script of many ``eval`` words (a 128 KiB script held
+    the interpreter 32 s). The first ``eval`` of a command is the one to look behind: any later one's
+    ``vllm serve`` follows it too."""
+    for simple in _COMMAND_END.split(script):
+        found = _EVAL.search(simple)
+        if found is not None and _VLLM_SERVE.search(simple, found.end()) is not None:
+            return True
+    return False
+
+
 def _additional(
     command: list[str], args: list[str], present: bool, extra: str | None, script: str, respect: bool
 ) -> CommandPlan:
@@ -609,7 +636,7 @@ def _additional(
         return CommandPlan(None, f"{ADDITIONAL_ARGS} comes from valueFrom; fiar cannot append to it")
     if extra is not None and (CC_SHORT in extra or "compilation" in extra or "--config" in extra):
         return CommandPlan(None, f"{ADDITIONAL_ARGS} holds a compilation config or config file")
-    evaluated = bool(_EVAL_SERVE.search(script))
+    evaluated = _eval_runs_serve(script)
     if not evaluated and _EVAL.search(script):
         return CommandPlan(None, f"its shell script runs eval elsewhere than on 'vllm serve' with {ADDITIONAL_ARGS}")
     argv = command + args
