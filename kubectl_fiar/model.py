@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -38,13 +39,26 @@ VERDICT_ORDER: Final = (*contract.BACKEND_VERDICTS, UNPROBED, INVALID)
 DEFAULT_PROBE_MAX_AGE_S: Final = 7 * 3600.0
 """A probe older than this needs attention: the agent probes every 6 h by default."""
 
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+"""A terminal's CSI sequence (colours, cursor moves, clearing the screen): dropped whole."""
+HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})
+"""Unicode categories never printed as they are: controls (Cc), format characters (Cf: every bidi
+mark, embedding, override and isolate, such as U+200F RIGHT-TO-LEFT MARK and U+061C ARABIC LETTER MARK,
+and zero-width characters), surrogates, unassigned code points, line and paragraph separators."""
+BIDI_CONTROLS: Final = frozenset({"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"})
+"""Bidirectional classes that reorder the text after them (all Cf today; held here by class as well)."""
+
+
+def _shown(char: str) -> str:
+    hidden = unicodedata.category(char) in HIDDEN_CATEGORIES or unicodedata.bidirectional(char) in BIDI_CONTROLS
+    return " " if hidden else char
 
 
 def clean(value: object, limit: int = MAX_TEXT) -> str:
-    """An untrusted value as one line of printable text of at most ``limit`` characters."""
+    """An untrusted value as one line of printable text of at most ``limit`` characters: no terminal
+    sequence, control, format (bidi) or separator character survives; each becomes a space."""
     text = value if isinstance(value, str) else ("" if value is None else json.dumps(value, default=str)[: limit * 2])
-    text = _CONTROL.sub(" ", text[: limit * 4])
+    text = "".join(map(_shown, _ESCAPE.sub(" ", text[: limit * 4])))
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -449,7 +463,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodView:
     fusion = annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS)
     node = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else ""
     if decision is not None and node and doc.get("node") not in (None, node):
-        problem = f"fiar.io/decision names node {clean(doc.get('node'), 63)!r}, the pod runs on {node}"
+        problem = f"fiar.io/decision names node {clean(doc.get('node'), 63)!r}, the pod runs on {clean(node, 253)}"
     return PodView(
         namespace=clean(meta.get("namespace"), 63),
         name=clean(meta.get("name"), 253),

@@ -5,6 +5,8 @@ plane are in test_plugin_on_the_control_plane.py)."""
 from __future__ import annotations
 
 import json
+import sys
+import unicodedata
 from typing import Any
 
 import pytest
@@ -233,3 +235,26 @@ def test_a_condition_that_disagrees_with_the_verdict_label_needs_attention() -> 
     assert [a.message for a in model.fleet([differs], [], [], now=NOW).attention] == [
         f"condition {contract.CONDITION_VERIFIED} False (R) disagrees with verdict trtllm"
     ]
+
+
+def test_no_control_format_or_bidi_character_survives_cleaning() -> None:
+    """Every code point of categories Cc, Cf (bidi marks, embeddings, overrides, isolates, zero-width),
+    Zl and Zp becomes a space: a forged value cannot reorder or hide the text around it."""
+    hidden = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cc", "Cf", "Zl", "Zp")]
+    assert "\u200f" in hidden and "\u061c" in hidden and "\u202e" in hidden and "\u2067" in hidden
+    for char in hidden:
+        assert model.clean(f"a{char}b") == "a b", hex(ord(char))
+    assert model.clean("trtllm\u200f\u061c\u200b\ufeffok") == "trtllm ok"
+    assert model.clean("наш 節點 ñ") == "наш 節點 ñ"
+
+
+def test_a_forged_node_name_is_shown_cleaned_where_the_decision_names_another() -> None:
+    forged = "n1\u202e\u200f\x1b[2Jevil\u061c"
+    annotations = {contract.ANNOTATION_POD_DECISION: json.dumps({"node": "n2", "reason": "Verified"})}
+    raw = pod(annotations)
+    raw["spec"]["nodeName"] = forged
+    view = model.pod_record(raw)
+    shown = json.dumps(render.why_pod_json(view, None, None, NOW), ensure_ascii=False)
+    shown += render.why_pod_text(view, None, None, NOW, STYLE)
+    assert "n1 evil" in shown
+    assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in shown.replace("\n", ""))
