@@ -10,7 +10,11 @@ server would, 20 a second) and another polls ``/healthz`` with the kubelet's 1 s
 - ``reported``: the pod of the report, a LeaderWorkerSet of size 2 bound at once (``nodeName``)
   to an mnnvl node, with one node-affinity expression of 580,000 two-character values (2.9 MB);
 - ``within-bounds``: the same pod with 998 one-value expressions (40 KB), inside every size bound
-  of ``limits.oversized``, whose group check would cost a million requirement checks.
+  of ``limits.oversized``, whose group check would cost a million requirement checks;
+- ``eval-16k``, ``eval-48k``: a vLLM pod whose ``sh -c`` script is ``vllm serve m
+  ${VLLM_ADDITIONAL_ARGS} eval eval ...`` of 16 KiB (a review small enough to be planned on the event
+  loop) or 48 KiB, on which the pattern ``eval[^;&|\n]*vllm serve`` of 0d8eaeb backtracked
+  quadratically (``--old`` a worktree of 0d8eaeb; ``--attacks eval-16k,eval-48k``).
 
 An ordinary review counts as configured when it is answered 200 with a patch within the webhooks'
 1 s timeout (otherwise the API server fails open and the pod runs unconfigured).
@@ -104,7 +108,17 @@ def attacks() -> dict[str, bytes]:
     values = [alphabet[i % 36] + alphabet[i // 36 % 36] for i in range(580_000)]
     reported = attack_pod([{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": values}])
     within = attack_pod([{"key": "kubernetes.io/hostname", "operator": "Exists"}] * 998)
-    return {"reported": review(reported, "attack", True), "within-bounds": review(within, "attack", True)}
+    found = {"reported": review(reported, "attack", True), "within-bounds": review(within, "attack", True)}
+    for kib in (16, 48):
+        found[f"eval-{kib}k"] = review(eval_pod(kib * 1024), "attack", True)
+    return found
+
+
+def eval_pod(size: int) -> dict[str, Any]:
+    """A vLLM pod whose shell script ends in ``eval`` words, ``size`` characters in all."""
+    script = ("vllm serve m ${VLLM_ADDITIONAL_ARGS} " + "eval " * size)[:size]
+    container = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["sh", "-c", script]}
+    return {"metadata": {"generateName": "attack-", "labels": {"app": "vllm"}}, "spec": {"containers": [container]}}
 
 
 ORDINARY = review(
@@ -230,6 +244,7 @@ def rounds(target: Target, attack: bytes) -> dict[str, Any]:
         "attack_answered": len(atk),
         "attack_within_1s": sum(t <= 1.0 for t in atk),
         "attack_s_median": f"{statistics.median(atk):.2f}" if atk else "-",
+        "attack_s_max": f"{atk[-1]:.2f}" if atk else "-",
         "healthz_ok_within_1s": f"{sum(health)} of {len(health)}",
         "server_cpu_s": f"{target.cpu_s() - cpu:.1f}",
         "configured_again_after_the_attack_s": f"{recovered:.1f}" if recovered is not None else "over 60",
@@ -242,6 +257,7 @@ def main() -> None:
     parser.add_argument("--root", default=str(ROOT))
     parser.add_argument("--old", help="a checkout of the code to compare with (git worktree add DIR 4e828a0)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--attacks", help="comma-separated attack names (default: all)")
     args = parser.parse_args()
     if args.serve:
         serve(Path(args.serve), Path(args.root))
@@ -250,6 +266,8 @@ def main() -> None:
     variants = [("old", Path(args.old).resolve())] if args.old else []
     variants.append(("new", ROOT))
     bodies = attacks()
+    if args.attacks:
+        bodies = {name: bodies[name] for name in args.attacks.split(",")}
     print(f"{NODES} nodes, {ATTACKERS} attacker threads, {SECONDS:g} s per round, ordinary reviews at 20/s")
     for name, body in bodies.items():
         print(f"attack {name}: {len(body) / 1e6:.2f} MB")
