@@ -18,6 +18,7 @@ import fiar_contract as contract
 from devcluster.binaries import helm, kubectl, render, set_args
 from devcluster.cluster import ControlPlane, Tier
 from devcluster.waiting import wait_for
+from node_agent import report
 
 pytestmark = pytest.mark.controlplane
 
@@ -150,7 +151,9 @@ def _agent_pod_on(plane: ControlPlane, node: str) -> client.V1Pod:
 
 
 def _patch_labels(api: Any, node: str, labels: dict[str, str | None], dry_run: bool = False) -> None:
-    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}}, dry_run="All" if dry_run else None)
+    client.CoreV1Api(api).patch_node(
+        node, {"metadata": {"labels": labels}}, dry_run="All" if dry_run else None, field_manager=AGENT_MANAGER
+    )
 
 
 def test_agent_token_may_label_only_its_own_node_and_only_fiar_keys(
@@ -176,7 +179,8 @@ def test_agent_token_may_label_only_its_own_node_and_only_fiar_keys(
         _patch_labels(agent, node_a, {contract.LABEL_BACKEND: "trtllm", contract.LABEL_GPUS: "8"})
         with pytest.raises(ApiException) as other_key:
             _patch_labels(agent, node_a, {"example.com/owned-by-someone-else": "x"})
-        assert other_key.value.status == 403 and "only add, change or remove fiar.io/ labels" in other_key.value.body
+        assert other_key.value.status == 403
+        assert "only add, change or remove its own fiar.io/ labels" in other_key.value.body
         with pytest.raises(ApiException) as other_annotation:
             client.CoreV1Api(agent).patch_node(node_a, {"metadata": {"annotations": {"example.com/x": "y"}}})
         assert other_annotation.value.status == 403
@@ -252,13 +256,16 @@ def test_agent_token_may_change_no_other_metadata_of_its_own_node(
                      "may not change a Node's finalizers")
             _refused(lambda: agent.patch_node(node, {"metadata": {"generateName": "evil-"}}),
                      "may change nothing in a Node's metadata but fiar.io/")
-            # what the agent does write is still allowed: fiar.io/ labels and annotations, and
-            # clearing the reprobe request with a resourceVersion precondition
+            # what the agent does write is still allowed: its fiar.io/ labels and report, and clearing
+            # an admin's reprobe request with a resourceVersion precondition
+            admin.patch_node(node, {"metadata": {"annotations": {contract.ANNOTATION_REPROBE: "now"}}})
             agent.patch_node(node, {"metadata": {"labels": {contract.LABEL_BACKEND: "trtllm"},
-                                                 "annotations": {contract.ANNOTATION_REPROBE: "now"}}})
+                                                 "annotations": {contract.ANNOTATION_PROBE_REPORT: "{}"}}},
+                             field_manager=AGENT_MANAGER)
             rv = agent.read_node(node).metadata.resource_version
             agent.patch_node(node, {"metadata": {"resourceVersion": rv,
-                                                 "annotations": {contract.ANNOTATION_REPROBE: None}}})
+                                                 "annotations": {contract.ANNOTATION_REPROBE: None}}},
+                             field_manager=AGENT_MANAGER)
         after = admin.read_node(node)
         assert after.metadata.uid == uid
         assert after.metadata.finalizers == ["example.com/admin-hold"] and not after.metadata.owner_references
@@ -356,6 +363,10 @@ NODE_STATUS_EXEMPT = {"conditions"}
 rule keeps every condition but FiarAllreduceVerified as it was."""
 
 
+AGENT_MANAGER = "fiar-agent"
+"""The agent's field manager: the API server takes it from the agent's User-Agent, fiar-agent/VERSION."""
+
+
 def _fiar_condition(status: str = "True", reason: str = "BackendVerified", message: str = "trtllm verified") -> Any:
     return {"type": contract.CONDITION_VERIFIED, "status": status, "reason": reason, "message": message,
             "lastHeartbeatTime": "2026-12-02T07:00:00Z", "lastTransitionTime": "2026-12-02T07:00:00Z"}
@@ -385,8 +396,9 @@ def test_agent_token_may_set_only_the_fiar_condition_of_its_own_nodes_status(
 
             wait_for(refused_on_other, 30, "the own-node condition policy")
             assert refused_on_other(dry_run=False)
-            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition()]}})
-            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition("False", "NoBackendVerified")]}})
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition()]}}, field_manager=AGENT_MANAGER)
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition("False", "NoBackendVerified")]}},
+                                    field_manager=AGENT_MANAGER)
             other_type = {**_fiar_condition(), "type": "GpuNvlinkWatch"}
             ready = next(c for c in before.status.conditions if c.type == "Ready")
             cases = [
@@ -428,3 +440,91 @@ def test_the_condition_policy_holds_every_other_field_of_node_status_equal(insta
     expressions = " ".join(v.expression for v in policy.spec.validations)
     held = {f for f in fields if f"object.status.?{f} == oldObject.status.?{f}" in expressions}
     assert fields - held == NODE_STATUS_EXEMPT, f"not compared: {sorted(fields - held - NODE_STATUS_EXEMPT)}"
+
+
+def test_agent_token_cannot_bloat_its_node_or_rewrite_its_managed_fields(
+    installed: ControlPlane, tmp_path: Path, unique: str
+) -> None:
+    """A stolen agent token filled its Node to 1.1-1.65 MB (8,000 fiar.io/ labels, 240 KB of annotations,
+    600 duplicate conditions), which every Node watcher receives on each write, and replaced managedFields
+    through nodes/status. Only the contract's labels and annotations, bounded, and one condition."""
+    node = f"gpu-x-{unique}"
+    installed.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    token = token_for(installed, "fiar-agent", _agent_pod_on(installed, node))
+    with installed.api_client() as admin_api:
+        admin = client.CoreV1Api(admin_api)
+        wait_for(lambda: admin.read_node(node).status.conditions, 30, "kwok's conditions on the node")
+        with identity_client(installed, tmp_path, "agent-bloat", token) as agent_api:
+            agent = client.CoreV1Api(agent_api)
+
+            def refused_extra_label(dry_run: bool = True) -> bool:
+                try:
+                    _patch_labels(agent_api, node, {"fiar.io/extra-0": "x"}, dry_run=dry_run)
+                except ApiException as exc:
+                    return exc.status == 403 and "its own fiar.io/ labels" in exc.body
+                return False
+
+            wait_for(refused_extra_label, 30, "the own-node admission policy")
+            assert refused_extra_label(dry_run=False)
+            labels = {f"fiar.io/extra-{i}": "x" * 63 for i in range(500)}
+            _refused(lambda: _patch_labels(agent_api, node, labels), "its own fiar.io/ labels")
+            every = {key: "pass" for key in contract.AGENT_LABELS}
+            _patch_labels(agent_api, node, every)  # each label of the contract, written
+            _patch_labels(agent_api, node, dict.fromkeys(contract.AGENT_LABELS))  # and removed
+            annotations: list[dict[str, str | None]] = [
+                {contract.ANNOTATION_PROBE_REPORT: "x" * (report.MAX_BYTES + 1)},
+                {contract.ANNOTATION_PROBE_REPORT: "é" * (report.MAX_BYTES // 2 + 1)},
+                {"fiar.io/padding": "x" * 200_000},
+                {contract.ANNOTATION_REPROBE: "now"},
+            ]
+            for body in annotations:
+                _refused(lambda b=body: agent.patch_node(node, {"metadata": {"annotations": b}}),
+                         "may only write fiar.io/probe-report")
+            agent.patch_node(node, {"metadata": {"annotations": {contract.ANNOTATION_PROBE_REPORT:
+                                                                 "x" * report.MAX_BYTES}}},
+                             field_manager=AGENT_MANAGER)
+
+            # managedFields sent through nodes are taken as they are: no other entry renamed, added, dropped
+            fields = admin_api.sanitize_for_serialization(admin.read_node(node).metadata.managed_fields)
+            others = [m for m in fields if m["manager"] != AGENT_MANAGER]
+            forged = {
+                "a reset": [{}],
+                "every entry renamed": [dict(m, manager="evil-" + m["manager"]) for m in fields],
+                "an entry added": [*fields, {**others[0], "manager": "evil"}],
+                "an entry backdated": [dict(m, time="2020-01-01T00:00:00Z") for m in fields],
+            }
+            for value in forged.values():
+                _refused(lambda v=value: agent.patch_node(node, {"metadata": {"managedFields": v}},
+                                                          field_manager=AGENT_MANAGER),
+                         "another field manager's managedFields entry")
+
+            # through nodes/status: one condition, and no other manager's managedFields entry
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition()]}},
+                                    field_manager=AGENT_MANAGER)
+            extra = [{"op": "add", "path": "/status/conditions/-", "value": _fiar_condition("False",
+                                                                                             "NoBackendVerified")}]
+            _refused(lambda: agent.patch_node_status(node, extra * 3, field_manager=AGENT_MANAGER),
+                     "exactly one FiarAllreduceVerified condition")
+            # through nodes/status the API server (1.36) keeps managedFields whatever the request sends
+            before = admin.read_node(node).metadata.managed_fields
+            agent.patch_node_status(node, {"metadata": {"managedFields": [{}]}}, field_manager=AGENT_MANAGER)
+            agent.patch_node_status(node, {"status": {"conditions": [_fiar_condition("Unknown", "NotConcluded")]}},
+                                    field_manager=AGENT_MANAGER)
+        after = admin.read_node(node)
+        assert not any(k.startswith("fiar.io/extra") for k in after.metadata.labels)
+        assert len(after.metadata.annotations[contract.ANNOTATION_PROBE_REPORT]) == report.MAX_BYTES
+        assert [c.status for c in after.status.conditions if c.type == contract.CONDITION_VERIFIED] == ["Unknown"]
+        kept = {(m.manager, m.operation, m.subresource) for m in before if m.manager != AGENT_MANAGER}
+        assert kept <= {(m.manager, m.operation, m.subresource) for m in after.metadata.managed_fields}
+
+
+def test_the_agent_policy_names_the_contracts_labels_and_the_reports_bound(controlplane_binaries: Any) -> None:
+    policy = next(
+        d for d in render(CHART)
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "fiar-agent-own-node"
+    )
+    expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert f"k in {json.dumps(list(contract.AGENT_LABELS), separators=(',', ':'))}" in expressions
+    assert f"size(bytes(variables.newAnnotations[k])) <= {report.MAX_BYTES}" in expressions
+    assert f"k == '{contract.ANNOTATION_PROBE_REPORT}'" in expressions
+    assert f"['{contract.ANNOTATION_PROBE_REPORT}', '{contract.ANNOTATION_REPROBE}']" in expressions

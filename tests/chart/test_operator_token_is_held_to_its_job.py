@@ -413,3 +413,117 @@ def test_the_chart_allows_exactly_the_contracts_annotation_values(controlplane_b
         key = expression.split("'")[1]
         found[key] = frozenset(json.loads(expression.split(" in ", 2)[2].split(" ||")[0]))
     assert found == contract.POD_ANNOTATION_VALUES
+
+
+# -- the other paths to a pod's annotations: pods/status, a Binding -------------------------------
+def _identity(
+    plane: ControlPlane, path: Path, namespace: str, user: str, rules: list[dict[str, Any]]
+) -> client.ApiClient:
+    """A certificate identity with exactly ``rules`` in ``namespace`` (a controller, a scheduler)."""
+    with plane.api_client() as admin_api:
+        rbac = client.RbacAuthorizationV1Api(admin_api)
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": user},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            },
+        )
+    return _client(plane, path, user)
+
+
+def test_a_status_writer_cannot_put_text_into_fiar_annotations(
+    plane: ControlPlane, tenant: tuple[str, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """A batch controller's identity (Kueue, Volcano: patch on pods/status) writes the pod's metadata
+    through the status subresource, whose strategy keeps only spec and ownerReferences."""
+    namespace, _ = tenant
+    rules = [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch", "update"]}]
+    with plane.api_client() as admin_api:
+        client.CoreV1Api(admin_api).create_namespaced_pod(namespace, _pod("queued", {}))
+    with _identity(plane, tmp_path, namespace, "batch-controller", rules) as api:
+        controller = client.CoreV1Api(api)
+        wait_for(
+            lambda: (
+                _status(
+                    lambda: controller.patch_namespaced_pod_status(
+                        "queued",
+                        namespace,
+                        {"metadata": {"annotations": {contract.ANNOTATION_POD_BACKEND: INJECTION}}},
+                        dry_run="All",
+                    )
+                )
+                == 422
+            ),
+            30,
+            "the pod-annotation-values policy on pods/status",
+        )
+        for key in contract.POD_ANNOTATION_VALUES:
+            for value in (INJECTION, "log-level=$(HF_TOKEN)"):
+                _denied(
+                    lambda key=key, value=value: controller.patch_namespaced_pod_status(
+                        "queued", namespace, {"metadata": {"annotations": {key: value}}}
+                    ),
+                    key,
+                )
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Queued", "lastTransitionTime": None}
+        controller.patch_namespaced_pod_status("queued", namespace, {"status": {"conditions": [condition]}})
+        controller.patch_namespaced_pod_status(
+            "queued", namespace, {"metadata": {"annotations": {contract.ANNOTATION_POD_BACKEND: "trtllm"}}}
+        )
+    with plane.api_client() as admin_api:
+        stored = client.CoreV1Api(admin_api).read_namespaced_pod("queued", namespace).metadata.annotations
+    assert {k: v for k, v in stored.items() if k.startswith("fiar.io/")} == {contract.ANNOTATION_POD_BACKEND: "trtllm"}
+
+
+def _binding(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "annotations": annotations},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"},
+    }
+
+
+def test_a_second_scheduler_cannot_carry_text_onto_a_pod_in_its_binding(
+    plane: ControlPlane, tenant: tuple[str, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """A Binding's own annotations are copied onto the pod by the API server (both pods/binding and
+    the legacy bindings resource): a second scheduler's identity may bind, not write shell text."""
+    namespace, _ = tenant
+    rules = [{"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]}]
+    pods = ("bound-a", "bound-b", "bound-c")
+    with plane.api_client() as admin_api:
+        core = client.CoreV1Api(admin_api)
+        for name in pods:
+            pod = _pod(name, {})
+            pod["spec"] = {"schedulerName": "second-scheduler", "containers": pod["spec"]["containers"]}
+            core.create_namespaced_pod(namespace, pod)
+    with _identity(plane, tmp_path, namespace, "second-scheduler", rules) as api:
+        scheduler = client.CoreV1Api(api)
+
+        def bind(name: str, annotations: dict[str, str], legacy: bool = False, dry_run: str | None = None) -> None:
+            create = scheduler.create_namespaced_binding if legacy else scheduler.create_namespaced_pod_binding
+            args = (namespace,) if legacy else (name, namespace)
+            create(*args, _binding(name, annotations), dry_run=dry_run, _preload_content=False)
+
+        wait_for(
+            lambda: (
+                _status(lambda: bind("bound-a", {contract.ANNOTATION_POD_BACKEND: INJECTION}, dry_run="All")) == 422
+            ),
+            30,
+            "the pod-annotation-values policy on pods/binding",
+        )
+        for key in contract.POD_ANNOTATION_VALUES:
+            _denied(lambda key=key: bind("bound-a", {key: INJECTION}), key)
+            _denied(lambda key=key: bind("bound-b", {key: "$(id>/tmp/pwned)"}, legacy=True), key)
+        bind("bound-a", {contract.ANNOTATION_POD_BACKEND: "mnnvl", "example.com/other": "$(any text)"})
+        bind("bound-c", {contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS: "false"}, legacy=True)
+    with plane.api_client() as admin_api:
+        core = client.CoreV1Api(admin_api)
+        a, b, c = (core.read_namespaced_pod(name, namespace) for name in pods)
+    assert a.spec.node_name == "gpu-1" and a.metadata.annotations[contract.ANNOTATION_POD_BACKEND] == "mnnvl"
+    assert b.spec.node_name is None and not any(k.startswith("fiar.io/") for k in b.metadata.annotations or {})
+    assert c.metadata.annotations[contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS] == "false"
