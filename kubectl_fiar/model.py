@@ -482,6 +482,7 @@ POD_COUNTS: Final = (
     "fusionUncontrolled",
     "multicastGuarded",
     "flashinferNotTurnedOff",
+    "valuesNotApplied",
 )
 """The policy status's pod counts, in the order shown; any other integer count (a newer operator's) follows."""
 NODE_COUNTS: Final = (*contract.BACKEND_VERDICTS, UNPROBED, "verified")

@@ -91,6 +91,7 @@ def _header(key: str) -> str:
         "fusionUncontrolled": "UNCONTROLLED",
         "multicastGuarded": "GUARDED",
         "flashinferNotTurnedOff": "FI-PATHS-ON",
+        "valuesNotApplied": "NOT-APPLIED",
     }
     return headers.get(key, key.upper())
 

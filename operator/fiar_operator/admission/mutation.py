@@ -26,6 +26,7 @@ from fiar_operator.core.pods import (
     is_injected,
     lws_size,
     multi_pod,
+    pod_options,
     pod_record,
     vllm_release,
 )
@@ -345,11 +346,12 @@ def plan_pod_create(
             trigger="create",
             budget=budget,
             release=vllm_release(record, policy),
+            options=pod_options(record, policy),
         )
         if policy.placement == "VerifiedNodesOnly" and not decision.verified:
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")
     else:
-        decision = decide.pending(policy)
+        decision = decide.pending(policy, vllm_release(record, policy), pod_options(record, policy))
     meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), decision.annotations())
     after = patches.applied(after, meta_ops)
     return PodPlan(policy, ops + meta_ops, warnings, decision, after, record)

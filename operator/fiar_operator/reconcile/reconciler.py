@@ -236,6 +236,12 @@ class Reconciler:
             self._warned.add((record.uid, "FlashInferNotTurnedOff"))
             message = rules.not_turned_off_message(record, paths)
             events.append(Event(pod_ref(record), "Warning", "FlashInferNotTurnedOff", message))
+        left_out = rules.not_applied(record)
+        if left_out and (record.uid, "ValueNotApplied") not in self._warned:
+            self._warned.add((record.uid, "ValueNotApplied"))
+            events.append(
+                Event(pod_ref(record), "Warning", "ValueNotApplied", rules.not_applied_message(record, left_out))
+            )
         uncontrolled = rules.uncontrolled_containers(record, policy)
         if uncontrolled and (record.uid, "FusionNotControlled") not in self._warned:
             self._warned.add((record.uid, "FusionNotControlled"))
@@ -280,6 +286,7 @@ class Reconciler:
             self._warned.discard((change.uid, "MultiNodeFallback"))
             self._warned.discard((change.uid, "FusionNotControlled"))
             self._warned.discard((change.uid, "FlashInferNotTurnedOff"))
+            self._warned.discard((change.uid, "ValueNotApplied"))
             if change.policy:
                 self.status.mark(change.policy)
             self.unconfigured.pod_deleted(key, change.uid)
