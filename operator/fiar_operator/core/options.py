@@ -127,9 +127,10 @@ def _configs(tokens: Sequence[str]) -> tuple[dict[str, Any], dict[str, int], lis
             i += 1
             continue
         if value is None:
-            if i + 1 >= len(tokens):
+            if i + 1 >= len(tokens) or tokens[i + 1].startswith("-"):
                 unread.append(f"{flag}: without a value")
-                break
+                i += 1
+                continue
             i += 1
             value = tokens[i]
         i += 1
