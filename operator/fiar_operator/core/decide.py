@@ -275,7 +275,7 @@ def _replace_backend(
         backend=runs,
         fusion=fusion_of,
         off_by=None,
-        not_turned_off=(releases.MODEL_LEVEL_OPS,) if fusion_of == "off" else (),
+        not_turned_off=releases.model_level_callers(decision.release) if fusion_of == "off" else (),
         sglang_flag="off" if fusion_of == "off" and decision.sglang_flag != "engine" else decision.sglang_flag,
     )
 
@@ -355,7 +355,7 @@ def unreached_paths(
         and releases.off_by_failing_mnnvl(release, facts.mnnvl_workspace)
     ):
         return OFF_BY_FAILING_MNNVL, ()
-    return None, (releases.MODEL_LEVEL_OPS,)
+    return None, releases.model_level_callers(release)
 
 
 def decide(

@@ -3,7 +3,8 @@ fusion switches do not reach.
 
 vLLM's model-level fused ops (0.33.0: ``vllm/models/common/ops/fused_allreduce_rms_norm.py`` and
 ``vllm/model_executor/layers/fused_allreduce_gemma_rms_norm.py``, used in every layer of the NVIDIA
-model files of DeepSeek-V3.2, Kimi-K3 and MiniMax-M3) call ``get_fi_ar_workspace`` whatever
+model files of DeepSeek-V3.2 and GLM-5.x, Kimi-K3 and Kimi-Linear, and MiniMax-M3; 0.34.0 adds
+Kimi-K3.1, the Kimi-K3 DSpark drafter and Qwen3.5: ``MODEL_LEVEL_CALLERS``) call ``get_fi_ar_workspace`` whatever
 ``pass_config.fuse_allreduce_rms`` and ``VLLM_ALLREDUCE_USE_FLASHINFER`` say. On a node that verifies
 no backend they would run the path the node's agent measured slower than NCCL, or the one that
 crashes. What turns them off too is a workspace that fails: where a release uses an explicit
@@ -47,7 +48,39 @@ FlashInfer allreduce path of that release off without a crash or a hang (empty: 
 FAILING_BACKEND: Final[contract.Backend] = "mnnvl"
 """The value a pod gets where its node's failing workspace of this backend turns every path off."""
 MODEL_LEVEL_OPS: Final = "model-level fused allreduce ops"
-"""The paths the fusion switches leave on (named in the decision's ``notTurnedOff``)."""
+"""The paths the fusion switches leave on, for a release whose callers fiar has not listed."""
+_V33_CALLERS: Final = (
+    "DeepSeek-V3.2 and GLM-5.x (deepseek_v32)",
+    "Kimi-K3 and Kimi-Linear (kimi_k3)",
+    "MiniMax-M3",
+)
+MODEL_LEVEL_CALLERS: Final[Mapping[Line, tuple[str, ...]]] = {
+    # vllm/model_executor/models/registry.py: DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM and the MTP on
+    # vllm.models.deepseek_v32; KimiK3ForConditionalGeneration, KimiLinearForCausalLM, the DSpark MLA
+    # drafter and the MTP on vllm.models.kimi_k3; MiniMax-M3 and its MTP. Each NVIDIA model file calls
+    # fused_allreduce_rms_norm / fused_allreduce_gemma_rms_norm (bench/results/engine-release/).
+    (0, 33): _V33_CALLERS,
+    # 0.34 adds Kimi-K3.1 (on kimi_k3), the Kimi-K3/K3.1 DSpark drafter of the specialized decode, and
+    # Qwen3.5 (all six architectures on vllm.models.qwen3_5, with its fused norm + FP8/NVFP4 quant asking
+    # for the quant workspace itself). Mistral Large 4's fused op reads pass_config.fuse_allreduce_rms,
+    # which fiar turns off: it is not listed.
+    (0, 34): (
+        "DeepSeek-V3.2 and GLM-5.x (deepseek_v32)",
+        "Kimi-K3, Kimi-K3.1 and Kimi-Linear (kimi_k3)",
+        "Kimi-K3/K3.1 DSpark drafter (specialized decode)",
+        "MiniMax-M3",
+        "Qwen3.5 (qwen3_5, with its fused norm + FP8/NVFP4 quant)",
+    ),
+}
+"""Release line -> the model families whose NVIDIA model code reaches a FlashInfer allreduce workspace
+whatever the fusion switches say (named in the decision's ``notTurnedOff``)."""
+
+
+def model_level_callers(release: str | None) -> tuple[str, ...]:
+    """The model families of ``release`` whose FlashInfer allreduce the fusion switches leave on (a
+    release fiar has not listed: the generic words)."""
+    line = line_of(release)
+    return MODEL_LEVEL_CALLERS.get(line, (MODEL_LEVEL_OPS,)) if line is not None else (MODEL_LEVEL_OPS,)
 
 _RELEASE: Final = re.compile(r"^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:$|[-+._])")
 _IMAGE_REPOSITORIES: Final = ("vllm-openai", "vllm")
