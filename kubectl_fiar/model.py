@@ -483,6 +483,7 @@ POD_COUNTS: Final = (
     "multicastGuarded",
     "flashinferNotTurnedOff",
     "valuesNotApplied",
+    "releaseNotQualified",
 )
 """The policy status's pod counts, in the order shown; any other integer count (a newer operator's) follows."""
 NODE_COUNTS: Final = (*contract.BACKEND_VERDICTS, UNPROBED, "verified")

@@ -92,6 +92,7 @@ def _header(key: str) -> str:
         "multicastGuarded": "GUARDED",
         "flashinferNotTurnedOff": "FI-PATHS-ON",
         "valuesNotApplied": "NOT-APPLIED",
+        "releaseNotQualified": "UNQUALIFIED",
     }
     return headers.get(key, key.upper())
 

@@ -118,6 +118,8 @@ class Decision:
     (an option of the pod needs it: ``options.BREAKS``)."""
     not_applied: tuple[str, ...] = ()
     """The values fiar left out because an option of the pod makes vLLM refuse them, each with why."""
+    release_qualified: bool | None = None
+    """Whether ``release`` is on a line fiar qualified (``releases.QUALIFIED``; None: release not known)."""
 
     @property
     def verified(self) -> bool:
@@ -168,6 +170,8 @@ class Decision:
             doc["notTurnedOff"] = list(self.not_turned_off)
         if self.not_applied:
             doc["notApplied"] = list(self.not_applied)
+        if self.release_qualified is False:
+            doc["releaseQualified"] = False
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -219,6 +223,7 @@ def pending(
         fusion=fusion_of,
         guard=guard(policy, None),
         release=release,
+        release_qualified=releases.qualified(release),
         sglang_flag=_sglang_flag(policy, fusion_of, "Pending", frozenset(), multi=False),
     )
     return respect_options(decision, policy, None, SINGLE, options)
@@ -379,6 +384,10 @@ def decide(
     else:
         backend, reason = choose(policy, facts)
     fusion_of = fusion(policy, reason)
+    qualified = releases.qualified(release)
+    if qualified is False and policy.fusion_control == "Enabled":
+        # A release fiar has not qualified: the most conservative decision the node allows.
+        fusion_of = "off"
     off_by, not_turned_off = unreached_paths(policy, facts, group, fusion_of, release)
     if off_by == OFF_BY_FAILING_MNNVL:
         backend = releases.FAILING_BACKEND
@@ -396,6 +405,7 @@ def decide(
         off_by=off_by,
         not_turned_off=not_turned_off,
         release=release,
+        release_qualified=qualified,
         sglang_flag=_sglang_flag(
             policy,
             fusion_of,

@@ -45,6 +45,11 @@ OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] =
 FlashInfer allreduce path of that release off without a crash or a hang (empty: none does).
 ``created`` is never in a row: a workspace that works turns nothing off."""
 
+QUALIFIED: Final = frozenset(OFF_BY_FAILING_MNNVL)
+"""The release lines fiar qualified (``bench/engine_release.py``: callers reviewed, workspace, parser and
+option checks run). A pod of a known release outside them gets the most conservative decision its node
+allows (``decide``: the fusion off even where a backend is verified) and a ``ReleaseNotQualified`` Warning."""
+
 FAILING_BACKEND: Final[contract.Backend] = "mnnvl"
 """The value a pod gets where its node's failing workspace of this backend turns every path off."""
 MODEL_LEVEL_OPS: Final = "model-level fused allreduce ops"
@@ -106,6 +111,17 @@ def image_release(image: object) -> str | None:
         return None
     found = _RELEASE.match(tag)
     return f"{found.group(1)}.{found.group(2)}.{found.group(3) or 0}" if found else None
+
+
+def qualified(release: str | None) -> bool | None:
+    """Whether ``release`` is on a line fiar qualified (None: the release is not known)."""
+    line = line_of(release)
+    return None if line is None else line in QUALIFIED
+
+
+def newest_qualified() -> str:
+    major, minor = max(QUALIFIED)
+    return f"{major}.{minor}"
 
 
 def off_by_failing_mnnvl(release: str | None, workspace: contract.MnnvlWorkspace | None) -> bool:

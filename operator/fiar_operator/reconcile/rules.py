@@ -21,7 +21,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator.core import decide, nodefacts
+from fiar_operator.core import decide, nodefacts, releases
 from fiar_operator.core.pods import PodRecord, group_plan, pod_options, vllm_release
 from fiar_operator.core.policy import Policy, select_policy
 
@@ -113,7 +113,7 @@ def review_pod(
     if same:
         return None
     facts = nodefacts.node_facts(record.node, labels) if labels is not None else None
-    kept_ok = not group.multi and not fresh.not_applied
+    kept_ok = not group.multi and not fresh.not_applied and fresh.release_qualified is not False
     if facts is not None and current in decide.verified_for(policy, facts) and kept_ok:
         # The pod's backend is still verified: it keeps it (and its fusion); only what else changed on the
         # node (the multicast guard) is re-annotated.
@@ -210,10 +210,27 @@ def not_turned_off(record: PodRecord) -> list[str]:
 def not_turned_off_message(record: PodRecord, paths: Sequence[str]) -> str:
     release = (record.decision or {}).get("release")
     return (
-        f"fusion is off on node {record.node}, but fiar could not turn off: {', '.join(paths)} "
+        f"fusion is off on node {record.node}, but fiar could not turn off the model-level FlashInfer allreduce "
+        f"of: {', '.join(paths)} "
         f"(vLLM {release or 'release unknown'}: no value turns them off there without a crash; "
         "docs/vllm-flashinfer-paths.md). Set spec.vllmRelease or use a vllm/vllm-openai:vX.Y.Z image "
         "where the release is one fiar checked."
+    )
+
+
+def release_not_qualified(record: PodRecord) -> str | None:
+    """The release of a pod whose decision says fiar has not qualified it (None: qualified or unknown)."""
+    doc = record.decision or {}
+    release = doc.get("release")
+    return str(release)[:40] if doc.get("releaseQualified") is False and release else None
+
+
+def release_not_qualified_message(policy: str, release: str) -> str:
+    return (
+        f"vLLM {release} is not a release fiar qualified (newest qualified line: {releases.newest_qualified()}): "
+        f"pods of policy {policy} on it get the most conservative decision their node allows (FlashInfer "
+        "allreduce fusion and standalone allreduce off, the multicast guard as the node needs it). Qualify it "
+        f"with bench/engine_release.py vllm {release} (docs/vllm-flashinfer-paths.md#qualifying-a-release)."
     )
 
 
@@ -358,6 +375,7 @@ POD_COUNTS: Final = (
     "multicastGuarded",
     "flashinferNotTurnedOff",
     "valuesNotApplied",
+    "releaseNotQualified",
 )
 """The pod counts of a policy's status, in the order ``status.pods`` lists them."""
 
@@ -382,6 +400,8 @@ def pod_outcome(pod: PodRecord, policy: Policy) -> tuple[str, ...]:
         found.append("flashinferNotTurnedOff")
     if not_applied(pod):
         found.append("valuesNotApplied")
+    if release_not_qualified(pod):
+        found.append("releaseNotQualified")
     if is_stale(pod):
         found.append("stale")
     return tuple(found)
