@@ -40,6 +40,9 @@ OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] =
     # every rank (one that fails on some ranks only would leave the others in FlashInfer's barrier).
     (0, 32): frozenset({"no-multicast", "failed-on-every-rank"}),
     (0, 33): frozenset({"no-multicast", "failed-on-every-rank"}),
+    # 0.34 as 0.33 (run with FlashInfer 0.7.4 for its unserved pin 0.7.3). Qwen3.5's fused norm + quant asks
+    # for the quant workspace itself: a failing mnnvl returns None there too, after one more creation.
+    (0, 34): frozenset({"no-multicast", "failed-on-every-rank"}),
 }
 """Release line -> the node's ``fiar.io/mnnvl-workspace`` ends on which ``mnnvl`` turns every
 FlashInfer allreduce path of that release off without a crash or a hang (empty: none does).

@@ -39,7 +39,10 @@ def test_a_row_holds_a_workspace_end_only_where_mnnvl_turned_every_path_off(vers
     assert ("failed-on-every-rank" in row) == every_rank
     assert "created" not in row and outcome["e"].startswith("on:"), "a working workspace turns nothing off"
     shared = {c["route"].split(" -> ")[-1] for c in found["callers"] if not c["route"].startswith("own multicast")}
-    assert shared == {"get_fi_ar_workspace"}, "every shared caller reads the one workspace that fails"
+    assert shared <= {"get_fi_ar_workspace", "get_fi_ar_quant_workspace"}, "every shared caller reads a workspace"
+    if "get_fi_ar_quant_workspace" in shared:  # 0.34 Qwen3.5 asks for the quant workspace first
+        quant = {r["case"]: r.get("quant_direct") for r in found["rows"] if r["env"] == "mnnvl"}
+        assert all(quant[case] is None for case in ("a", "b", "c") if outcome[case] == "off")
     own = sorted(c["file"] for c in found["callers"] if c["route"].startswith("own multicast"))
     page = (RESULTS.parents[3] / "docs" / "vllm-flashinfer-paths.md").read_text()
     assert all(Path(f).parent.name in page or f in page for f in own), "model files with their own buffers are named"
