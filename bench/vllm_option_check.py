@@ -56,7 +56,7 @@ SPELLINGS: dict[str, dict[str, list[str]]] = {
     },
     "hisparse-mnnvl": {
         "-ac json": ["-ac", '{"hisparse_config":{}}'],
-        "-ac dotted": ["-ac.hisparse_config.top_k=2048"],
+        "-ac dotted": ["-ac.hisparse_config.device_buffer_size=4096"],
         "connector": ["--kv-transfer-config", '{"kv_connector":"HiSparseConnector","kv_role":"kv_both"}'],
         "multi-connector": [
             "--kv-transfer-config",
@@ -77,6 +77,16 @@ B, MN, T, W, C = (
     contract.LABEL_MNNVL_WORKSPACE,
     contract.LABEL_CLIQUE,
 )
+MNNVL_ANSWER = {
+    "mnnvl": "created",
+    "mnnvl, trtllm failed": "created",
+    "trtllm": "attribute-0",
+    "none, no-multicast": "attribute-0",
+    "none": "bind-error",
+}
+"""How the stand-in for ``flashinfer.comm.create_allreduce_fusion_workspace`` answers an ``mnnvl`` request
+on each node (its agent's mnnvl test: worked, no multicast, a failed bind), as bench/vllm_fi_ar_check.py
+cases (e), (a), (c). A ``trtllm`` request is answered with a working trtllm workspace everywhere."""
 NODES: dict[str, dict[str, str]] = {
     "mnnvl": {B: "mnnvl", MN: "pass", T: "pass", W: "created", C: "c.1"},
     "mnnvl, trtllm failed": {B: "mnnvl", MN: "pass", T: "fail", W: "created", C: "c.1"},
@@ -132,6 +142,38 @@ try:
 except ImportError as exc:
     flashinfer_ops = None
 import vllm.envs as envs
+import torch
+
+
+class Workspace:
+    def __init__(self, backend, mc_ptr=None):
+        self.backend, self.mc_ptr = backend, mc_ptr
+
+    def destroy(self):
+        pass
+
+    def is_buffer_size_sufficient(self, **_):
+        return True
+
+
+def stand_in(answer):
+    def create_allreduce_fusion_workspace(*, backend, **_):
+        if backend == "trtllm":
+            return Workspace("trtllm")
+        if answer == "created":
+            return Workspace("mnnvl", 0x7F0000000000)
+        if answer == "attribute-0":
+            raise RuntimeError("[SymmDeviceMemory] Device does not support multicasting.")
+        raise RuntimeError("CUDA error code=802(b'CUDA_ERROR_SYSTEM_NOT_READY')")
+    return create_allreduce_fusion_workspace
+
+
+def reset():
+    for name in ("_fi_ar_workspace", "_fi_ar_quant_workspace"):
+        setattr(far, name, None)
+    for name in ("_fi_ar_workspace_failed", "_fi_ar_quant_workspace_failed"):
+        if hasattr(far, name):
+            setattr(far, name, False)
 
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
@@ -175,11 +217,19 @@ for case in cases:
                 from vllm.config.attention import HiSparseConfig
                 attention.hisparse_config = HiSparseConfig()
             far._node_count = (lambda g: 2) if case["shape"] == "multi-pod" else real_count
+            real_create = far.flashinfer_comm.create_allreduce_fusion_workspace
+            far.flashinfer_comm.create_allreduce_fusion_workspace = stand_in(case["mnnvl"])
+            reset()
             try:
                 with set_current_vllm_config(config):
                     got["resolved"] = far._resolve_fi_ar_backend(group)[0]
+                    workspace = far.get_fi_ar_workspace(
+                        world_size=8, rank=0, max_token_num=2048, hidden_dim=7168, dtype=torch.bfloat16, group=group
+                    )
+                got["workspace"] = None if workspace is None else workspace.backend
             except Exception as exc:
-                got["resolved"] = f"raises {type(exc).__name__}: {exc}"
+                got["workspace"] = f"raises {type(exc).__name__}: {exc}"
+            far.flashinfer_comm.create_allreduce_fusion_workspace = real_create
             far._node_count = real_count
         r[which] = got
     out.append(r)
@@ -202,6 +252,7 @@ def cases(release: str) -> list[dict[str, Any]]:
                             "key": f"{row} | {spelling} | {node} | {shape}",
                             "row": row,
                             "shape": shape,
+                            "mnnvl": MNNVL_ANSWER[node],
                             "tokens": tokens,
                             "fiar": fiar,
                             "control": control,
@@ -226,7 +277,9 @@ def breaks(result: dict[str, Any], which: str) -> str | None:
     if "unsupported" in got:
         reason = got["unsupported"]
         return None if reason is None or str(reason).startswith("n/a") else f"ValueError: ... does not support {reason}"
-    return "mnnvl (crashes with HiSparse, vLLM #64327)" if got["resolved"] == "mnnvl" else None
+    if str(got["workspace"]).startswith("raises"):
+        return got["workspace"]
+    return "mnnvl workspace (crashes with HiSparse, vLLM #64327)" if got["workspace"] == "mnnvl" else None
 
 
 def main() -> int:
@@ -248,7 +301,7 @@ def main() -> int:
             fiar_breaks, control_breaks = breaks(result, "fiar"), breaks(result, "control")
             ok = agrees and fiar_breaks is None
             failed += not ok
-            what = result["fiar"].get("resolved", result["fiar"].get("unsupported"))
+            what = result["fiar"].get("workspace", result["fiar"].get("unsupported"))
             print(
                 f"  {'ok ' if ok else 'BAD'} {case['key']:70} fiar: {case['fiar'][contract.ENV_VAR]:6} "
                 f"use={case['fiar'][contract.ENV_ALLREDUCE_USE_FLASHINFER]} -> {what!s:8} "

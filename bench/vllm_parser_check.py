@@ -353,7 +353,9 @@ def prepare(version: str) -> Path:
     if not (venv / ".ready").exists():
         _run([sys.executable, "-m", "venv", str(venv)])
         _run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(_wheel(version))])
-        (_site_packages(venv) / "fiar-base.pth").write_text(str(_site_packages(base)) + "\n")
+        # addsitedir, not a bare path: the base's own .pth files (nvidia-cutlass-dsl's) are read too.
+        below = str(_site_packages(base))
+        (_site_packages(venv) / "fiar-base.pth").write_text(f"import site; site.addsitedir({below!r})\n")
         (venv / ".ready").write_text(version)
     return venv
 

@@ -271,7 +271,12 @@ def _replace_backend(
     verified, ran = (facts.verified, facts.trtllm_runs) if facts is not None else (frozenset(), False)
     if decision.backend == "mnnvl" and decision.fusion == "on" and trtllm_ok and "trtllm" in verified:
         return replace(decision, backend="trtllm", off_by=None)
-    runs: contract.EnvValue = "trtllm" if trtllm_ok and ran else "auto"
+    line = releases.line_of(decision.release)
+    # Before 0.34, vLLM's auto tries mnnvl first on one node: where the node's mnnvl workspace works, auto
+    # would run the mnnvl kernels the option crashes in, so trtllm is the one value that avoids them.
+    mnnvl_works = facts is not None and ("mnnvl" in verified or facts.mnnvl_workspace == "created")
+    auto_tries_mnnvl = "mnnvl" in forbidden and (line is None or line < engine_options.AUTO_AVOIDS_MNNVL_WITH_HISPARSE)
+    runs: contract.EnvValue = "trtllm" if trtllm_ok and (ran or (mnnvl_works and auto_tries_mnnvl)) else "auto"
     if decision.backend == "trtllm" and "trtllm" in forbidden:
         return replace(decision, backend="auto")
     fusion_of: contract.Fusion = "on" if policy.fusion_control == "Disabled" else "off"

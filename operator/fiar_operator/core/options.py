@@ -49,6 +49,9 @@ MAX_JSON: Final = 16384
 """Longest JSON option value that is read; a longer one is unreadable."""
 LATENCY_SPECIALIZED: Final = "latency_specialized"
 HISPARSE_CONNECTOR: Final = "HiSparseConnector"
+AUTO_AVOIDS_MNNVL_WITH_HISPARSE: Final[releases.Line] = (0, 34)
+"""From this line vLLM's ``auto`` avoids mnnvl under HiSparse (``_resolve_fi_ar_backend`` 158-172); before
+it, ``auto`` on one node tries mnnvl first."""
 MNNVL_TPS: Final = frozenset({8, 16})
 """Muse Spark's ``MNNVL_TPS``: the TP sizes whose stock allreduce must be ``auto`` or ``mnnvl``."""
 

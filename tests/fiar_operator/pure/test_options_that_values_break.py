@@ -49,8 +49,8 @@ SPELLINGS: dict[str, dict[str, list[str]]] = {
     },
     "hisparse-mnnvl": {
         "json": ["-ac", '{"hisparse_config":{}}'],
-        "equals": ['--attention-config={"hisparse_config":{"top_k":2048}}'],
-        "dotted": ["-ac.hisparse_config.top_k=2048"],
+        "equals": ['--attention-config={"hisparse_config":{"device_buffer_size":4096}}'],
+        "dotted": ["-ac.hisparse_config.device_buffer_size=4096"],
         "connector": ["--kv-transfer-config", '{"kv_connector":"HiSparseConnector","kv_role":"kv_both"}'],
         "multi-connector": [
             "--kv-transfer-config",
@@ -295,3 +295,11 @@ def test_fusion_control_disabled_still_never_writes_mnnvl_for_hisparse() -> None
     c = container("vllm-serve", SPELLINGS["hisparse-mnnvl"]["json"], "0.34.0")
     d = decided(pod(c), "mnnvl", "single", policy(fusionControl="Disabled"))
     assert d.backend == "trtllm" and d.fusion == "on"
+
+
+def test_before_0_34_hisparse_gets_trtllm_where_the_nodes_mnnvl_works_because_auto_would_try_mnnvl() -> None:
+    c = container("vllm-serve", SPELLINGS["hisparse-mnnvl"]["json"], "0.33.0")
+    d = decided(pod(c), "mnnvl-trtllm-failed", "single")
+    assert (d.backend, d.fusion) == ("trtllm", "off")
+    c34 = container("vllm-serve", SPELLINGS["hisparse-mnnvl"]["json"], "0.34.0")
+    assert decided(pod(c34), "mnnvl-trtllm-failed", "single").backend == "auto"  # 0.34's auto gives trtllm itself
