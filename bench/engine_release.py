@@ -209,7 +209,7 @@ def _run_check(script: str, version: str, out: Path) -> tuple[int, str]:
         text=True,
         timeout=7200,
         check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE.parent / "operator")])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(HERE.parent / p) for p in ("", "operator", "tools"))},
     )
     return proc.returncode, proc.stdout + proc.stderr[-3000:]
 
