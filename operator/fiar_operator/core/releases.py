@@ -48,6 +48,14 @@ OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] =
 FlashInfer allreduce path of that release off without a crash or a hang (empty: none does).
 ``created`` is never in a row: a workspace that works turns nothing off."""
 
+FLASHINFER_PINS: Final[Mapping[Line, str]] = {
+    (0, 25): "0.6.13",
+    (0, 27): "0.6.16.post3",
+    (0, 32): "0.7.0.post1",
+    (0, 33): "0.7.2.post1",
+    (0, 34): "0.7.3",  # not on PyPI: checked with 0.7.4, whose flashinfer/comm functions fiar relies on are the same
+}
+"""Release line -> the flashinfer-python its wheel pins (METADATA), as ``bench/engine_release.py`` reads it."""
 QUALIFIED: Final = frozenset(OFF_BY_FAILING_MNNVL)
 """The release lines fiar qualified (``bench/engine_release.py``: callers reviewed, workspace, parser and
 option checks run). A pod of a known release outside them gets the most conservative decision its node

@@ -76,3 +76,36 @@ def test_a_pod_is_never_given_a_value_its_option_makes_vllm_refuse(
         lambda: [e for e in kit.events(namespace, name) if e["reason"] == "ValueNotApplied"], 30, "ValueNotApplied"
     )
     assert ("HiSparse" if case == "hisparse" else "Muse Spark") in warning["message"]
+
+
+def test_a_release_fiar_has_not_qualified_runs_with_the_fusion_off_and_is_reported_once(
+    operator: Any, kit: Any, namespace: str
+) -> None:
+    for i in range(2):
+        kit.node(f"unq{i}-{kit.unique}", None, **MNNVL_NODE)
+    policy = f"unqualified-{kit.unique}"
+    kit.policy(policy, namespace)
+    command = ["vllm", "serve", "meta-llama/Llama-3.1-8B", "-tp", "8"]
+    deployment = workloads.vllm_deployment(
+        2,
+        workloads.container(image="vllm/vllm-openai:v0.35.0", command=command),
+        node_selector={f"pool-{kit.unique}": "gpu"},
+    )
+    kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
+    pods = kit.running(namespace, 2, "app=vllm", timeout=90)
+    for pod in pods:
+        argv, env = container_process(pod, pod["spec"]["containers"][0])
+        assert argv[-1] == "-cc.pass_config.fuse_allreduce_rms=false"
+        assert (env[contract.ENV_VAR], env[contract.ENV_ALLREDUCE_USE_FLASHINFER]) == ("mnnvl", "0")
+        decision = json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION])
+        assert decision["releaseQualified"] is False and decision["reason"] == "Verified"
+    kit.wait(lambda: counted(kit, policy, "releaseNotQualified", 2), 30, "releaseNotQualified")
+
+    def warned() -> list[dict[str, Any]]:
+        found = [e for p in pods for e in kit.events(namespace, p["metadata"]["name"])]
+        return [e for e in found if e["reason"] == "ReleaseNotQualified"]
+
+    (warning,) = kit.wait(warned, 30, "ReleaseNotQualified")
+    assert "vLLM 0.35.0" in warning["message"] and "bench/engine_release.py" in warning["message"]
+    kit.wait(lambda: counted(kit, policy, "releaseNotQualified", 2), 5, "still two pods")
+    assert len(warned()) == 1, "one Warning per policy and release"
