@@ -360,7 +360,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         containers = _containers(spec) if readable else ()
         reads = annotations_read(spec) if readable else NONE
         releases = _releases(spec) if readable else ()
-        options = _options(spec) if readable else ()
+        options = _options(spec) if readable and managed else ()  # a scan of tenant text: managed pods only
     if not (commands and managed and readable):
         uncontrolled: Mapping[str, str] = {}
     elif same is not None and same.managed:

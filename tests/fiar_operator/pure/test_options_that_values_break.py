@@ -95,7 +95,8 @@ FORMS = ("vllm-serve", "api-server", "image-entrypoint", "shell", "kserve")
 
 
 def pod(c: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u1"}, "spec": {"containers": [c]}}
+    labels = {contract.LABEL_POD_POLICY: "vllm"}
+    return {"metadata": {"name": "p", "namespace": "ml", "uid": "u1", "labels": labels}, "spec": {"containers": [c]}}
 
 
 def decided(p: dict[str, Any], node: str, shape: str, chosen: Any = None) -> Any:
@@ -303,3 +304,10 @@ def test_before_0_34_hisparse_gets_trtllm_where_the_nodes_mnnvl_works_because_au
     assert (d.backend, d.fusion) == ("trtllm", "off")
     c34 = container("vllm-serve", SPELLINGS["hisparse-mnnvl"]["json"], "0.34.0")
     assert decided(pod(c34), "mnnvl-trtllm-failed", "single").backend == "auto"  # 0.34's auto gives trtllm itself
+
+
+def test_the_options_of_a_pod_no_policy_manages_are_never_read() -> None:
+    c = container("vllm-serve", SPELLINGS["hisparse-mnnvl"]["json"], "0.34.0")
+    p = pod(c)
+    p["metadata"]["labels"] = {}
+    assert pod_record(p).options == ()
