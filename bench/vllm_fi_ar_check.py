@@ -55,7 +55,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0")
+VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0", "0.34.0")
+FLASHINFER_STAND_INS = {"0.7.3": "0.7.4"}
+"""Pinned FlashInfer releases the registry does not serve -> the release run instead. vLLM 0.34.0 pins
+0.7.3 (not on PyPI); 0.7.2.post1 and 0.7.4 bracket it, and the one call the check stands in
+(``flashinfer.comm.create_allreduce_fusion_workspace``) is the same source in both
+(``bench/engine_release.py`` diffs ``flashinfer/comm`` between them)."""
 ENV_VALUES = ("unset", "auto", "trtllm", "mnnvl")
 CASES = {
     "a": "mnnvl creation raises the attribute-0 error",
@@ -173,6 +178,8 @@ def _callers(root: Path) -> list[dict[str, Any]]:
             route = "own multicast buffer (names McastGPUBuffer or mnnvl_cutedsl), not through get_fi_ar_workspace"
         elif "get_fi_ar_workspace(" in words:
             route = "get_fi_ar_workspace"
+        elif "get_fi_ar_quant_workspace(" in words:
+            route = "get_fi_ar_quant_workspace"  # vLLM 0.34 Qwen3.5: the quant workspace asked for directly
         elif "_can_use_flashinfer(" in words:
             route = "_can_use_flashinfer -> get_fi_ar_workspace"
         elif "FlashInferAllReduce(" in words:
@@ -292,6 +299,14 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
                 row["asked_again"] = asked[before:]
                 if workspace is not None:  # the compile pass asks for the quant workspace only then
                     row["quant_workspace"] = _describe(far.get_fi_ar_quant_workspace(group=group, **kwargs))
+                # A caller that asks for the quant workspace first (vLLM 0.34 Qwen3.5's fused norm + quant).
+                _reset(far)
+                before = len(asked)
+                try:
+                    row["quant_direct"] = _describe(far.get_fi_ar_quant_workspace(group=group, **kwargs))
+                except NotThisCase:
+                    row["quant_direct"] = "n/a"
+                row["quant_direct_asked"] = asked[before:]
             except NotThisCase:
                 row["not_this_case"] = True
             except Exception as exc:
@@ -341,13 +356,14 @@ def prepare(version: str) -> tuple[Path, str, str | None]:
     import vllm_parser_check as parser_check
 
     plain = parser_check.prepare(version)
-    wheel = next((parser_check.CACHE / "wheels").glob(f"vllm-{version}-*.whl"))
+    wheel = parser_check._wheel(version)
     pin = flashinfer_pin(wheel)
     overlay = parser_check.CACHE / f"fi-ar-{version}"
     if not (overlay / ".ready").exists():
         parser_check._run([sys.executable, "-m", "venv", str(overlay)])
         pip = str(overlay / "bin" / "pip")
-        parser_check._run([pip, "install", "-q", "--no-deps", f"flashinfer-python=={pin}"])
+        installed = FLASHINFER_STAND_INS.get(pin, pin)
+        parser_check._run([pip, "install", "-q", "--no-deps", f"flashinfer-python=={installed}"])
         below = [parser_check._site_packages(plain), parser_check._site_packages(parser_check.CACHE / "base")]
         (parser_check._site_packages(overlay) / "fiar-below.pth").write_text("".join(f"{p}\n" for p in below))
         (overlay / ".ready").write_text(pin)
@@ -360,6 +376,11 @@ def prepare(version: str) -> tuple[Path, str, str | None]:
         check=False,
     )
     if probe.returncode == 0:
+        if pin in FLASHINFER_STAND_INS:
+            return overlay, pin, (
+                f"flashinfer-python {pin} is not on the registry: ran {FLASHINFER_STAND_INS[pin]}, whose "
+                "create_allreduce_fusion_workspace (the stood-in call) is the same source"
+            )
         return overlay, pin, None
     last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else f"exit {probe.returncode}"
     return plain, pin, f"flashinfer-python {pin} does not import on Python {sys.version.split()[0]}: {last}"

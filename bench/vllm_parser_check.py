@@ -43,8 +43,10 @@ from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import decide, patches
 from fiar_operator.core.policy import parse_policy
 
-VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0")
-BASE_VERSION = "0.33.0"
+VERSIONS = ("0.25.1", "0.27.1", "0.32.0", "0.33.0", "0.34.0")
+BASE_VERSION = "0.34.0"
+PIN_STAND_INS = {"flashinfer-python==0.7.3": "flashinfer-python==0.7.4"}
+"""Pins of the base release the registry does not serve -> what the base venv installs instead."""
 CACHE = Path(os.environ.get("FIAR_VLLM_CHECK_DIR", Path.home() / ".cache" / "fiar" / "vllm-check"))
 USER_JSON = {"cudagraph_capture_sizes": [1, 2, 4], "pass_config": {"fuse_norm_quant": True}}
 
@@ -314,23 +316,46 @@ def _site_packages(venv: Path) -> Path:
     return next((venv / "lib").glob("python3*/site-packages"))
 
 
+WHEELS = Path(os.environ.get("FIAR_WHEEL_CACHE", Path.home() / ".cache" / "fiar" / "wheels"))
+"""Downloaded engine wheels (``pip download --no-deps``), shared with ``bench/engine_release.py``."""
+
+
+def _wheel(version: str) -> Path:
+    found = next(WHEELS.glob(f"vllm-{version}-*.whl"), None)
+    if found is None:
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"vllm=={version}", "-d", str(WHEELS)])
+        found = next(WHEELS.glob(f"vllm-{version}-*.whl"))
+    return found
+
+
+def _requirements(wheel: Path) -> list[str]:
+    """The unconditional requirements of a wheel (its METADATA's Requires-Dist without an extra)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    return [line.split(": ", 1)[1] for line in lines if line.startswith("Requires-Dist: ") and "extra ==" not in line]
+
+
 def prepare(version: str) -> Path:
     """A venv with vLLM ``version`` (no deps) over the base venv's packages; made once."""
     base = CACHE / "base"
     if not (base / ".ready").exists():
         _run([sys.executable, "-m", "venv", str(base)])
-        _run([str(base / "bin" / "pip"), "install", "-q", f"vllm=={BASE_VERSION}"])
+        wheel = _wheel(BASE_VERSION)
+        requirements = base / "requirements.txt"
+        requirements.write_text("".join(f"{PIN_STAND_INS.get(r, r)}\n" for r in _requirements(wheel)))
+        _run([str(base / "bin" / "pip"), "install", "-q", "-r", str(requirements)])
+        _run([str(base / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)])
         (base / ".ready").write_text(BASE_VERSION)
     venv = CACHE / f"vllm-{version}"
     if not (venv / ".ready").exists():
         _run([sys.executable, "-m", "venv", str(venv)])
-        wheels = CACHE / "wheels"
-        wheel = next(wheels.glob(f"vllm-{version}-*.whl"), None)
-        if wheel is None:
-            _run([str(venv / "bin" / "pip"), "download", "-q", "--no-deps", f"vllm=={version}", "-d", str(wheels)])
-            wheel = next(wheels.glob(f"vllm-{version}-*.whl"))
-        _run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)])
-        (_site_packages(venv) / "fiar-base.pth").write_text(str(_site_packages(base)) + "\n")
+        _run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(_wheel(version))])
+        # addsitedir, not a bare path: the base's own .pth files (nvidia-cutlass-dsl's) are read too.
+        below = str(_site_packages(base))
+        (_site_packages(venv) / "fiar-base.pth").write_text(f"import site; site.addsitedir({below!r})\n")
         (venv / ".ready").write_text(version)
     return venv
 

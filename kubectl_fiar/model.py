@@ -496,6 +496,8 @@ POD_COUNTS: Final = (
     "fusionUncontrolled",
     "multicastGuarded",
     "flashinferNotTurnedOff",
+    "valuesNotApplied",
+    "releaseNotQualified",
 )
 """The policy status's pod counts, in the order shown; any other integer count (a newer operator's) follows."""
 NODE_COUNTS: Final = (*contract.BACKEND_VERDICTS, UNPROBED, "verified")

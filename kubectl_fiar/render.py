@@ -91,6 +91,8 @@ def _header(key: str) -> str:
         "fusionUncontrolled": "UNCONTROLLED",
         "multicastGuarded": "GUARDED",
         "flashinferNotTurnedOff": "FI-PATHS-ON",
+        "valuesNotApplied": "NOT-APPLIED",
+        "releaseNotQualified": "UNQUALIFIED",
     }
     return headers.get(key, key.upper())
 

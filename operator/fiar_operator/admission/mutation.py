@@ -9,6 +9,7 @@ second env entry, label, affinity term or flag.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -26,6 +27,7 @@ from fiar_operator.core.pods import (
     is_injected,
     lws_size,
     multi_pod,
+    pod_options,
     pod_record,
     vllm_release,
 )
@@ -202,6 +204,25 @@ def _fusion_ops(
     return ops
 
 
+_NCCL_NUMBER: Final = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)\s*")
+
+
+def nccl_nvls_reading(value: str) -> str:
+    """How NCCL reads a ``NCCL_NVLS_ENABLE`` value fiar does not write, per NCCL release (its own parser,
+    ``ncclParamNvlsEnable``, run on 2.31.2 and 2.32.6 by bench/nccl_param_check.py)."""
+    found = _NCCL_NUMBER.fullmatch(value)
+    if found is not None:
+        digits = found.group(2)
+        base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") and len(digits) > 1 else 10
+        number = int(found.group(1) + digits, base)
+        meaning = {0: "NVLS off", 2: "auto: NVLS where the device supports multicast"}.get(number, "NVLS on")
+        return f"NCCL reads it as {number} ({meaning})"
+    return (
+        "NCCL up to 2.31 reads it as 0 (NVLS off), NCCL 2.32 as its default 2 (auto: NVLS on where the device "
+        "supports multicast)"
+    )
+
+
 def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str], skip: tuple[str, ...] = ()) -> list[Any]:
     """The env list with each multicast-guard variable read from its annotation (``contract.MULTICAST_GUARD``).
 
@@ -220,8 +241,13 @@ def _guard_env(env: list[Any], name: str, respect: bool, warnings: list[str], sk
         odd = [j for j in own if set(out[j]) - {"name", "value"} or out[j].get("value") not in (guard.off, guard.own)]
         if odd:
             value = out[odd[0]].get("value", "from valueFrom")
+            reading = (
+                f" ({nccl_nvls_reading(value)})"
+                if guard.env == "NCCL_NVLS_ENABLE" and isinstance(value, str) and "value" in out[odd[0]]
+                else ""
+            )
             warnings.append(
-                f"container {name} sets {guard.env} to {value!r}, not a value fiar knows ({guard.off!r} or "
+                f"container {name} sets {guard.env} to {value!r}{reading}, not a value fiar knows ({guard.off!r} or "
                 f"{guard.own!r}); kept, {guard.consumer} is not guarded in it"
             )
             continue
@@ -345,11 +371,12 @@ def plan_pod_create(
             trigger="create",
             budget=budget,
             release=vllm_release(record, policy),
+            options=pod_options(record, policy),
         )
         if policy.placement == "VerifiedNodesOnly" and not decision.verified:
             warnings.append(f"spec.nodeName {node} verifies no allowed backend; it gets {decision.backend}")
     else:
-        decision = decide.pending(policy)
+        decision = decide.pending(policy, vllm_release(record, policy), pod_options(record, policy))
     meta_ops = patches.set_map_entries(after, ("metadata", "annotations"), decision.annotations())
     after = patches.applied(after, meta_ops)
     return PodPlan(policy, ops + meta_ops, warnings, decision, after, record)

@@ -24,7 +24,7 @@ from fiar_operator.core.decide import utc_now
 from fiar_operator.core.errors import OverBudget, ReviewError
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.names import is_namespace_name, is_object, is_pod_name
-from fiar_operator.core.pods import PodRecord, group_plan, pod_record, vllm_release
+from fiar_operator.core.pods import PodRecord, group_plan, pod_options, pod_record, vllm_release
 from fiar_operator.core.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
 from fiar_operator.state.store import Store
 
@@ -299,6 +299,7 @@ class Admission:
             time=self.clock(),
             budget=budget,
             release=vllm_release(record, policy),
+            options=pod_options(record, policy),
         )
         self.metrics.lookup(source)  # after planning: a review that moves to a thread is counted once
         ops = patches.set_map_entries(binding, ("metadata", "annotations"), decision.annotations())

@@ -56,11 +56,13 @@ from __future__ import annotations
 import json
 import os.path
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
 import fiar_contract as contract
+from fiar_operator.core import options
 
 Form = Literal[
     "vllm-serve",
@@ -651,3 +653,68 @@ def _additional(
     ref = SHELL_REF_ARGS if evaluated else REF_ARGS
     value = (f"{extra} {ref}".strip() if extra else ref) if edited.append else None
     return CommandPlan("additional-args", command=split.command, args=split.args, additional_args=value)
+
+
+# -- options the decision reads (``options``) ---------------------------------------------------------
+MAX_SCRIPT: Final = 16384
+"""Longest shell string whose vLLM options are read; a longer one's are unreadable."""
+_SHELL_OPERATORS: Final = frozenset({";", "&&", "||", "|", "&", "\n"})
+
+
+def _script_arguments(script: str) -> list[str] | None:
+    """The arguments after ``vllm serve`` in a shell string, split as the shell would split its words
+    (up to the next operator); None where it cannot be split."""
+    if len(script) > MAX_SCRIPT:
+        return None
+    try:
+        lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        return None
+    if len(words) > MAX_TOKENS:
+        return None
+    for i in range(len(words) - 1):
+        entry = (os.path.basename(words[i]), words[i + 1])
+        if entry == ("vllm", "serve") or entry == ("-m", API_SERVER_MODULE):
+            rest = words[i + 2 :]
+            end = next((j for j, w in enumerate(rest) if w in _SHELL_OPERATORS), len(rest))
+            return rest[:end]
+    return []
+
+
+def vllm_options(container: Mapping[str, Any]) -> options.Options | None:
+    """The options of ``options.BREAKS`` that a container's vLLM command sets (None: the container runs
+    no vLLM server fiar knows). Read in every form ``plan_command`` reads; a shell string is split as
+    the shell splits words, with KServe's ``VLLM_ADDITIONAL_ARGS`` and the script's ``$@`` appended."""
+    command = _strings(container.get("command"))
+    args = _strings(container.get("args"))
+    if command is None or args is None:
+        return None
+    argv = command + args
+    image = str(container.get("image") or "")
+    if not command:
+        engine = ENGINE["vllm"]
+        if engine.image is not None and engine.image.search(_image_repository(image)):
+            return options.read_vllm(args)
+        return None
+    for entry in ENGINE["vllm"].entries:
+        at = entry.start(argv)
+        if at is not None:
+            return options.read_vllm(argv[at:])
+    if os.path.basename(argv[0]) in _SHELLS and argv[1:2] == ["-c"] and len(argv) > 2:
+        script = argv[2]
+        if "vllm serve" not in script and API_SERVER_MODULE not in script:
+            return None
+        words = _script_arguments(script)
+        if words is None:
+            return options.unreadable("in a shell string fiar cannot split")
+        _, extra = _env_value(container.get("env"), ADDITIONAL_ARGS)
+        if ADDITIONAL_ARGS in script:
+            extra_words = _script_arguments("vllm serve " + (extra or ""))
+            if extra_words is None:
+                return options.unreadable(f"in {ADDITIONAL_ARGS}, which fiar cannot split")
+            words = [w for w in words if ADDITIONAL_ARGS not in w and w not in ("$@", "$*")]
+            words += extra_words + argv[4:]
+        return options.read_vllm(words)
+    return None

@@ -31,11 +31,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
 from fiar_operator.core import limits, releases, sglang
+from fiar_operator.core import options as engine_options
 from fiar_operator.core.limits import Budget
 from fiar_operator.core.nodefacts import (
     MULTI_NODE_BACKEND,
@@ -112,6 +113,13 @@ class Decision:
     """The vLLM release the decision was made for (None: not known)."""
     sglang_flag: contract.SglangFlag = "off"
     """The same decision as SGLang's option (``sglang.py``), taken with it."""
+    standalone_kept: bool = False
+    """The standalone FlashInfer allreduce stays as the container sets it although the fusion is off
+    (an option of the pod needs it: ``options.BREAKS``)."""
+    not_applied: tuple[str, ...] = ()
+    """The values fiar left out because an option of the pod makes vLLM refuse them, each with why."""
+    release_qualified: bool | None = None
+    """Whether ``release`` is on a line fiar qualified (``releases.QUALIFIED``; None: release not known)."""
 
     @property
     def verified(self) -> bool:
@@ -121,7 +129,7 @@ class Decision:
     def flashinfer_allreduce(self) -> bool:
         """Whether the standalone FlashInfer allreduce may run: it creates the fusion's workspace with
         the same backend resolution, so it runs exactly where the fusion does."""
-        return self.fusion == "on"
+        return self.fusion == "on" or self.standalone_kept
 
     def annotations(self) -> dict[str, str]:
         """The pod annotations that carry this decision to the containers (through fieldRef env vars)."""
@@ -160,6 +168,10 @@ class Decision:
                 doc[key] = value
         if self.not_turned_off:
             doc["notTurnedOff"] = list(self.not_turned_off)
+        if self.not_applied:
+            doc["notApplied"] = list(self.not_applied)
+        if self.release_qualified is False:
+            doc["releaseQualified"] = False
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -197,18 +209,84 @@ def guard(policy: Policy, facts: NodeFacts | None) -> bool:
     return policy.multicast_guard == "Enabled" and not (facts is not None and facts.multicast_verified)
 
 
-def pending(policy: Policy) -> Decision:
-    """The CREATE-time decision of a pod not yet bound: the fallback, fusion off, the multicast guard on;
-    replaced at binding."""
+def pending(
+    policy: Policy, release: str | None = None, options: engine_options.Options = engine_options.NO_OPTIONS
+) -> Decision:
+    """The CREATE-time decision of a pod not yet bound: the fallback, fusion off, the multicast guard on
+    (less what an option of the pod makes vLLM refuse); replaced at binding."""
     fusion_of = fusion(policy, "Pending")
-    return Decision(
+    decision = Decision(
         policy.fallback,
         "Pending",
         policy.name,
         trigger="create",
         fusion=fusion_of,
         guard=guard(policy, None),
+        release=release,
+        release_qualified=releases.qualified(release),
         sglang_flag=_sglang_flag(policy, fusion_of, "Pending", frozenset(), multi=False),
+    )
+    return respect_options(decision, policy, None, SINGLE, options)
+
+
+def respect_options(
+    decision: Decision,
+    policy: Policy,
+    facts: NodeFacts | None,
+    group: GroupPlan,
+    options: engine_options.Options,
+) -> Decision:
+    """``decision`` less every value that an option of the pod makes vLLM refuse (``options.BREAKS``):
+    each left out is named, with why, in ``not_applied``.
+
+    - A backend the option refuses: ``mnnvl`` (HiSparse) becomes what vLLM's own ``auto`` gives there
+      where that is verified (``trtllm`` on a single-pod node that verifies it), else the fusion off
+      with ``trtllm`` where the node's trtllm test ran (one node) or ``auto`` (vLLM's choice: across
+      nodes no FlashInfer backend with HiSparse on 0.34); ``trtllm`` (Muse Spark at TP 8/16) becomes
+      ``auto``, vLLM's default, which the option accepts.
+    - ``VLLM_ALLREDUCE_USE_FLASHINFER=0`` where the option needs it on: left as the container sets it.
+    """
+    limits_ = engine_options.constraints("vllm", decision.release, options)
+    if not limits_ or (policy.fusion_control == "Disabled" and decision.backend not in limits_.forbidden):
+        return decision
+    left: list[str] = []
+    out = decision
+    if out.backend in limits_.forbidden:
+        left.append(limits_.backend_why(out.backend))
+        out = _replace_backend(out, limits_.forbidden, policy, facts, group)
+    if out.fusion == "off" and policy.fusion_control == "Enabled" and limits_.keep_standalone:
+        left.append(limits_.standalone_why())
+        out = replace(out, standalone_kept=True)
+    return replace(out, not_applied=tuple(left)) if left else out
+
+
+def _replace_backend(
+    decision: Decision,
+    forbidden: frozenset[contract.Backend],
+    policy: Policy,
+    facts: NodeFacts | None,
+    group: GroupPlan,
+) -> Decision:
+    trtllm_ok = not group.multi and "trtllm" not in forbidden
+    verified, ran = (facts.verified, facts.trtllm_runs) if facts is not None else (frozenset(), False)
+    if decision.backend == "mnnvl" and decision.fusion == "on" and trtllm_ok and "trtllm" in verified:
+        return replace(decision, backend="trtllm", off_by=None)
+    line = releases.line_of(decision.release)
+    # Before 0.34, vLLM's auto tries mnnvl first on one node: where the node's mnnvl workspace works, auto
+    # would run the mnnvl kernels the option crashes in, so trtllm is the one value that avoids them.
+    mnnvl_works = facts is not None and ("mnnvl" in verified or facts.mnnvl_workspace == "created")
+    auto_tries_mnnvl = "mnnvl" in forbidden and (line is None or line < engine_options.AUTO_AVOIDS_MNNVL_WITH_HISPARSE)
+    runs: contract.EnvValue = "trtllm" if trtllm_ok and (ran or (mnnvl_works and auto_tries_mnnvl)) else "auto"
+    if decision.backend == "trtllm" and "trtllm" in forbidden:
+        return replace(decision, backend="auto")
+    fusion_of: contract.Fusion = "on" if policy.fusion_control == "Disabled" else "off"
+    return replace(
+        decision,
+        backend=runs,
+        fusion=fusion_of,
+        off_by=None,
+        not_turned_off=releases.model_level_callers(decision.release) if fusion_of == "off" else (),
+        sglang_flag="off" if fusion_of == "off" and decision.sglang_flag != "engine" else decision.sglang_flag,
     )
 
 
@@ -287,7 +365,7 @@ def unreached_paths(
         and releases.off_by_failing_mnnvl(release, facts.mnnvl_workspace)
     ):
         return OFF_BY_FAILING_MNNVL, ()
-    return None, (releases.MODEL_LEVEL_OPS,)
+    return None, releases.model_level_callers(release)
 
 
 def decide(
@@ -300,20 +378,25 @@ def decide(
     time: str | None = None,
     budget: Budget | None = None,
     release: str | None = None,
+    options: engine_options.Options = engine_options.NO_OPTIONS,
 ) -> Decision:
     """The decision for a pod of ``policy`` bound to ``node`` (whose labels may be unknown) whose selected
-    containers run vLLM ``release`` (None: not known); a group's node walk spends ``budget`` and
-    raises ``OverBudget`` past it (None: unbounded)."""
+    containers run vLLM ``release`` (None: not known) with ``options``; a group's node walk spends
+    ``budget`` and raises ``OverBudget`` past it (None: unbounded)."""
     facts = node_facts(node, node_labels) if node_labels is not None else None
     if group.multi:
         backend, reason = choose_for_group(policy, facts, group, nodes or {}, budget)
     else:
         backend, reason = choose(policy, facts)
     fusion_of = fusion(policy, reason)
+    qualified = releases.qualified(release)
+    if qualified is False and policy.fusion_control == "Enabled":
+        # A release fiar has not qualified: the most conservative decision the node allows.
+        fusion_of = "off"
     off_by, not_turned_off = unreached_paths(policy, facts, group, fusion_of, release)
     if off_by == OFF_BY_FAILING_MNNVL:
         backend = releases.FAILING_BACKEND
-    return Decision(
+    decision = Decision(
         backend=backend,
         reason=reason,
         policy=policy.name,
@@ -327,6 +410,7 @@ def decide(
         off_by=off_by,
         not_turned_off=not_turned_off,
         release=release,
+        release_qualified=qualified,
         sglang_flag=_sglang_flag(
             policy,
             fusion_of,
@@ -336,6 +420,7 @@ def decide(
             (node_labels or {}).get(contract.LABEL_MULTICAST),
         ),
     )
+    return respect_options(decision, policy, facts, group, options)
 
 
 def _sglang_flag(

@@ -9,7 +9,8 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import fiar_contract as contract
-from fiar_operator.core.commands import plan_command
+from fiar_operator.core import options as engine_options
+from fiar_operator.core.commands import plan_command, vllm_options
 from fiar_operator.core.decide import GroupPlan, parse_decision
 from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.core.policy import LWS_SIZE, Policy
@@ -99,6 +100,9 @@ class PodRecord:
     """Names of the pod's resource claims that a container uses, with their template or claim names."""
     releases: tuple[tuple[str, str], ...] = ()
     """(container name, vLLM release) of the containers whose image is vLLM's with a release tag."""
+    options: tuple[tuple[str, engine_options.Options], ...] = ()
+    """(container name, options) of the containers whose vLLM command sets an option of
+    ``options.BREAKS`` or one fiar cannot read."""
     generation: int = 0
     """``metadata.generation``: the API server counts every change of the spec in it (0: not given)."""
 
@@ -272,6 +276,27 @@ def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+def _options(spec: Mapping[str, Any]) -> tuple[tuple[str, engine_options.Options], ...]:
+    containers = spec.get("containers")
+    found = []
+    for container in containers if isinstance(containers, list) else []:
+        if not isinstance(container, Mapping):
+            continue
+        read = vllm_options(container)
+        if read is not None and (read.decode_backends or read.hisparse or read.unread):
+            found.append((SHARED(str(container.get("name", ""))), read))
+    return tuple(found)
+
+
+def pod_options(record: PodRecord, policy: Policy) -> engine_options.Options:
+    """The options of ``options.BREAKS`` the pod's selected containers set (merged)."""
+    merged = engine_options.NO_OPTIONS
+    for name, read in record.options:
+        if any(fnmatchcase(name, g) for g in policy.containers):
+            merged = merged.merged(read)
+    return merged
+
+
 def vllm_release(record: PodRecord, policy: Policy) -> str | None:
     """The vLLM release the pod's selected containers run: the policy's ``vllmRelease``, else the one
     release their images name (None when none names one, or they name different ones)."""
@@ -323,6 +348,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         constraint, pinned = same.constraint, same.pinned_backend
         clique_affinity, claims = same.clique_affinity, same.imex_claims
         containers, reads, releases = same.containers, same.reads, same.releases
+        options = same.options
     else:
         try:
             constraint = node_constraint(spec)
@@ -334,6 +360,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         containers = _containers(spec) if readable else ()
         reads = annotations_read(spec) if readable else NONE
         releases = _releases(spec) if readable else ()
+        options = _options(spec) if readable and managed else ()  # a scan of tenant text: managed pods only
     if not (commands and managed and readable):
         uncontrolled: Mapping[str, str] = {}
     elif same is not None and same.managed:
@@ -379,6 +406,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         uncontrolled_reasons=uncontrolled or NOTHING,
         imex_claims=claims,
         releases=releases,
+        options=options,
         generation=generation,
     )
 

@@ -3,7 +3,8 @@ fusion switches do not reach.
 
 vLLM's model-level fused ops (0.33.0: ``vllm/models/common/ops/fused_allreduce_rms_norm.py`` and
 ``vllm/model_executor/layers/fused_allreduce_gemma_rms_norm.py``, used in every layer of the NVIDIA
-model files of DeepSeek-V3.2, Kimi-K3 and MiniMax-M3) call ``get_fi_ar_workspace`` whatever
+model files of DeepSeek-V3.2 and GLM-5.x, Kimi-K3 and Kimi-Linear, and MiniMax-M3; 0.34.0 adds
+Kimi-K3.1, the Kimi-K3 DSpark drafter and Qwen3.5: ``MODEL_LEVEL_CALLERS``) call ``get_fi_ar_workspace`` whatever
 ``pass_config.fuse_allreduce_rms`` and ``VLLM_ALLREDUCE_USE_FLASHINFER`` say. On a node that verifies
 no backend they would run the path the node's agent measured slower than NCCL, or the one that
 crashes. What turns them off too is a workspace that fails: where a release uses an explicit
@@ -39,15 +40,63 @@ OFF_BY_FAILING_MNNVL: Final[Mapping[Line, frozenset[contract.MnnvlWorkspace]]] =
     # every rank (one that fails on some ranks only would leave the others in FlashInfer's barrier).
     (0, 32): frozenset({"no-multicast", "failed-on-every-rank"}),
     (0, 33): frozenset({"no-multicast", "failed-on-every-rank"}),
+    # 0.34 as 0.33 (run with FlashInfer 0.7.4 for its unserved pin 0.7.3). Qwen3.5's fused norm + quant asks
+    # for the quant workspace itself: a failing mnnvl returns None there too, after one more creation.
+    (0, 34): frozenset({"no-multicast", "failed-on-every-rank"}),
 }
 """Release line -> the node's ``fiar.io/mnnvl-workspace`` ends on which ``mnnvl`` turns every
 FlashInfer allreduce path of that release off without a crash or a hang (empty: none does).
 ``created`` is never in a row: a workspace that works turns nothing off."""
 
+FLASHINFER_PINS: Final[Mapping[Line, str]] = {
+    (0, 25): "0.6.13",
+    (0, 27): "0.6.16.post3",
+    (0, 32): "0.7.0.post1",
+    (0, 33): "0.7.2.post1",
+    (0, 34): "0.7.3",  # not on PyPI: checked with 0.7.4, whose flashinfer/comm functions fiar relies on are the same
+}
+"""Release line -> the flashinfer-python its wheel pins (METADATA), as ``bench/engine_release.py`` reads it."""
+QUALIFIED: Final = frozenset(OFF_BY_FAILING_MNNVL)
+"""The release lines fiar qualified (``bench/engine_release.py``: callers reviewed, workspace, parser and
+option checks run). A pod of a known release outside them gets the most conservative decision its node
+allows (``decide``: the fusion off even where a backend is verified) and a ``ReleaseNotQualified`` Warning."""
+
 FAILING_BACKEND: Final[contract.Backend] = "mnnvl"
 """The value a pod gets where its node's failing workspace of this backend turns every path off."""
 MODEL_LEVEL_OPS: Final = "model-level fused allreduce ops"
-"""The paths the fusion switches leave on (named in the decision's ``notTurnedOff``)."""
+"""The paths the fusion switches leave on, for a release whose callers fiar has not listed."""
+_V33_CALLERS: Final = (
+    "DeepSeek-V3.2 and GLM-5.x (deepseek_v32)",
+    "Kimi-K3 and Kimi-Linear (kimi_k3)",
+    "MiniMax-M3",
+)
+MODEL_LEVEL_CALLERS: Final[Mapping[Line, tuple[str, ...]]] = {
+    # vllm/model_executor/models/registry.py: DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM and the MTP on
+    # vllm.models.deepseek_v32; KimiK3ForConditionalGeneration, KimiLinearForCausalLM, the DSpark MLA
+    # drafter and the MTP on vllm.models.kimi_k3; MiniMax-M3 and its MTP. Each NVIDIA model file calls
+    # fused_allreduce_rms_norm / fused_allreduce_gemma_rms_norm (bench/results/engine-release/).
+    (0, 33): _V33_CALLERS,
+    # 0.34 adds Kimi-K3.1 (on kimi_k3), the Kimi-K3/K3.1 DSpark drafter of the specialized decode, and
+    # Qwen3.5 (all six architectures on vllm.models.qwen3_5, with its fused norm + FP8/NVFP4 quant asking
+    # for the quant workspace itself). Mistral Large 4's fused op reads pass_config.fuse_allreduce_rms,
+    # which fiar turns off: it is not listed.
+    (0, 34): (
+        "DeepSeek-V3.2 and GLM-5.x (deepseek_v32)",
+        "Kimi-K3, Kimi-K3.1 and Kimi-Linear (kimi_k3)",
+        "Kimi-K3/K3.1 DSpark drafter (specialized decode)",
+        "MiniMax-M3",
+        "Qwen3.5 (qwen3_5, with its fused norm + FP8/NVFP4 quant)",
+    ),
+}
+"""Release line -> the model families whose NVIDIA model code reaches a FlashInfer allreduce workspace
+whatever the fusion switches say (named in the decision's ``notTurnedOff``)."""
+
+
+def model_level_callers(release: str | None) -> tuple[str, ...]:
+    """The model families of ``release`` whose FlashInfer allreduce the fusion switches leave on (a
+    release fiar has not listed: the generic words)."""
+    line = line_of(release)
+    return MODEL_LEVEL_CALLERS.get(line, (MODEL_LEVEL_OPS,)) if line is not None else (MODEL_LEVEL_OPS,)
 
 _RELEASE: Final = re.compile(r"^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:$|[-+._])")
 _IMAGE_REPOSITORIES: Final = ("vllm-openai", "vllm")
@@ -73,6 +122,17 @@ def image_release(image: object) -> str | None:
         return None
     found = _RELEASE.match(tag)
     return f"{found.group(1)}.{found.group(2)}.{found.group(3) or 0}" if found else None
+
+
+def qualified(release: str | None) -> bool | None:
+    """Whether ``release`` is on a line fiar qualified (None: the release is not known)."""
+    line = line_of(release)
+    return None if line is None else line in QUALIFIED
+
+
+def newest_qualified() -> str:
+    major, minor = max(QUALIFIED)
+    return f"{major}.{minor}"
 
 
 def off_by_failing_mnnvl(release: str | None, workspace: contract.MnnvlWorkspace | None) -> bool:

@@ -236,6 +236,17 @@ class Reconciler:
             self._warned.add((record.uid, "FlashInferNotTurnedOff"))
             message = rules.not_turned_off_message(record, paths)
             events.append(Event(pod_ref(record), "Warning", "FlashInferNotTurnedOff", message))
+        release = rules.release_not_qualified(record)
+        if release and (policy.name, f"release {release}") not in self._warned:
+            self._warned.add((policy.name, f"release {release}"))  # once per policy and release
+            message = rules.release_not_qualified_message(policy.name, release)
+            events.append(Event(pod_ref(record), "Warning", "ReleaseNotQualified", message))
+        left_out = rules.not_applied(record)
+        if left_out and (record.uid, "ValueNotApplied") not in self._warned:
+            self._warned.add((record.uid, "ValueNotApplied"))
+            events.append(
+                Event(pod_ref(record), "Warning", "ValueNotApplied", rules.not_applied_message(record, left_out))
+            )
         uncontrolled = rules.uncontrolled_containers(record, policy)
         if uncontrolled and (record.uid, "FusionNotControlled") not in self._warned:
             self._warned.add((record.uid, "FusionNotControlled"))
@@ -280,6 +291,7 @@ class Reconciler:
             self._warned.discard((change.uid, "MultiNodeFallback"))
             self._warned.discard((change.uid, "FusionNotControlled"))
             self._warned.discard((change.uid, "FlashInferNotTurnedOff"))
+            self._warned.discard((change.uid, "ValueNotApplied"))
             if change.policy:
                 self.status.mark(change.policy)
             self.unconfigured.pod_deleted(key, change.uid)

@@ -21,8 +21,8 @@ from fnmatch import fnmatchcase
 from typing import Any, Final
 
 import fiar_contract as contract
-from fiar_operator.core import decide, nodefacts
-from fiar_operator.core.pods import PodRecord, group_plan, vllm_release
+from fiar_operator.core import decide, nodefacts, releases
+from fiar_operator.core.pods import PodRecord, group_plan, pod_options, vllm_release
 from fiar_operator.core.policy import Policy, select_policy
 
 UNCONFIGURED_EXAMPLES: Final = 3
@@ -80,7 +80,15 @@ def review_pod(
     group = group_plan(record, policy)
     labels = nodes.get(record.node)
     fresh = decide.decide(
-        policy, record.node, labels, group, nodes, trigger="reconcile", time=now, release=vllm_release(record, policy)
+        policy,
+        record.node,
+        labels,
+        group,
+        nodes,
+        trigger="reconcile",
+        time=now,
+        release=vllm_release(record, policy),
+        options=pod_options(record, policy),
     )
     broken = _group_break(members, nodes) if group.multi else None
     if broken is not None and fresh.backend == nodefacts.MULTI_NODE_BACKEND:
@@ -105,7 +113,8 @@ def review_pod(
     if same:
         return None
     facts = nodefacts.node_facts(record.node, labels) if labels is not None else None
-    if facts is not None and current in decide.verified_for(policy, facts) and not group.multi:
+    kept_ok = not group.multi and not fresh.not_applied and fresh.release_qualified is not False
+    if facts is not None and current in decide.verified_for(policy, facts) and kept_ok:
         # The pod's backend is still verified: it keeps it (and its fusion); only what else changed on the
         # node (the multicast guard) is re-annotated.
         kept = replace(fresh, backend=current, fusion="on", off_by=None, not_turned_off=())
@@ -201,10 +210,43 @@ def not_turned_off(record: PodRecord) -> list[str]:
 def not_turned_off_message(record: PodRecord, paths: Sequence[str]) -> str:
     release = (record.decision or {}).get("release")
     return (
-        f"fusion is off on node {record.node}, but fiar could not turn off: {', '.join(paths)} "
+        f"fusion is off on node {record.node}, but fiar could not turn off the model-level FlashInfer allreduce "
+        f"of: {', '.join(paths)} "
         f"(vLLM {release or 'release unknown'}: no value turns them off there without a crash; "
         "docs/vllm-flashinfer-paths.md). Set spec.vllmRelease or use a vllm/vllm-openai:vX.Y.Z image "
         "where the release is one fiar checked."
+    )
+
+
+def release_not_qualified(record: PodRecord) -> str | None:
+    """The release of a pod whose decision says fiar has not qualified it (None: qualified or unknown)."""
+    doc = record.decision or {}
+    release = doc.get("release")
+    return str(release)[:40] if doc.get("releaseQualified") is False and release else None
+
+
+def release_not_qualified_message(policy: str, release: str) -> str:
+    return (
+        f"vLLM {release} is not a release fiar qualified (newest qualified line: {releases.newest_qualified()}): "
+        f"pods of policy {policy} on it get the most conservative decision their node allows (FlashInfer "
+        "allreduce fusion and standalone allreduce off, the multicast guard as the node needs it). Qualify it "
+        f"with bench/engine_release.py vllm {release} (docs/vllm-flashinfer-paths.md#qualifying-a-release)."
+    )
+
+
+def not_applied(record: PodRecord) -> list[str]:
+    """The values a pod's decision left out because an option of its command makes the engine refuse
+    them (its decision's ``notApplied``), each with why."""
+    values = (record.decision or {}).get("notApplied")
+    return [str(v)[:400] for v in values[:4]] if isinstance(values, list) else []
+
+
+def not_applied_message(record: PodRecord, values: Sequence[str]) -> str:
+    release = (record.decision or {}).get("release")
+    where = f"on node {record.node}" if record.node else "before binding"
+    return (
+        f"{where} (vLLM {release or 'release unknown'}): {'; '.join(values)}. "
+        "The pod runs without these values of fiar (docs/vllm-flashinfer-paths.md#options-that-fiars-values-break)."
     )
 
 
@@ -332,6 +374,8 @@ POD_COUNTS: Final = (
     "fusionUncontrolled",
     "multicastGuarded",
     "flashinferNotTurnedOff",
+    "valuesNotApplied",
+    "releaseNotQualified",
 )
 """The pod counts of a policy's status, in the order ``status.pods`` lists them."""
 
@@ -354,6 +398,10 @@ def pod_outcome(pod: PodRecord, policy: Policy) -> tuple[str, ...]:
         found.append("multicastGuarded")
     if not_turned_off(pod):
         found.append("flashinferNotTurnedOff")
+    if not_applied(pod):
+        found.append("valuesNotApplied")
+    if release_not_qualified(pod):
+        found.append("releaseNotQualified")
     if is_stale(pod):
         found.append("stale")
     return tuple(found)

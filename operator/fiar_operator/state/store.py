@@ -85,6 +85,7 @@ def memo_record(record: PodRecord, group_label: str | None) -> PodRecord:
         clique_affinity=frozenset(p for p in record.clique_affinity if p[0] == group_label),
         imex_claims=record.imex_claims,
         releases=record.releases,
+        options=record.options,
     )
 
 
@@ -99,6 +100,8 @@ def memo_size(record: PodRecord) -> int:
     strings += [s for pair in record.clique_affinity for s in pair]
     strings += record.imex_claims
     strings += [s for pair in record.releases for s in pair]
+    strings += [name for name, _ in record.options] + [u for _, read in record.options for u in read.unread]
+    strings += [d for _, read in record.options for d in read.decode_backends]
     return ENTRY_OVERHEAD + sum(len(s) + 50 for s in strings)
 
 

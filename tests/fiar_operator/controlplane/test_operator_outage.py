@@ -102,6 +102,8 @@ def test_pods_schedule_with_the_fallback_while_down_and_are_reported_once_back(
         "fusionUncontrolled": 0,
         "multicastGuarded": 0,
         "flashinferNotTurnedOff": 0,
+        "valuesNotApplied": 0,
+        "releaseNotQualified": 0,
     }
     assert status["nodes"] == {"mnnvl": 1, "trtllm": 0, "none": 0, "unprobed": 0, "verified": 1}
     conditions = {c["type"]: c["status"] for c in status["conditions"]}

@@ -272,7 +272,7 @@ def test_on_a_none_node_the_model_level_paths_are_off_exactly_where_the_release_
         assert (decision.backend, decision.off_by, decision.not_turned_off) == ("mnnvl", "failing-mnnvl-workspace", ())
     else:
         assert decision.backend != "mnnvl" and decision.off_by is None
-        assert decision.not_turned_off == (releases.MODEL_LEVEL_OPS,)
+        assert decision.not_turned_off == releases.model_level_callers(release)
     multi = decide(policy(), "n1", labels, GroupPlan(multi=True, key="g", pinned=True, imex=True), {}, release=release)
     assert multi.backend != "mnnvl" and multi.not_turned_off, "a multi-pod group never gets the failing value"
 
@@ -325,3 +325,13 @@ def test_an_sglang_flag_that_forces_nvls_on_is_reported(flag: str) -> None:
     container[key] = [*container[key], flag]
     _out, warnings = mutated(pod(container))
     assert any(flag in w and "multicast guard cannot keep it off" in w for w in warnings)
+
+
+def test_the_paths_left_on_are_named_by_model_family_per_release() -> None:
+    labels = dict(FIXTURE_LABELS["h200nvl-bridge-null-multicast"])
+    labels.pop(contract.LABEL_MNNVL_WORKSPACE, None)  # no workspace end that turns every path off
+    v33 = decide(policy(), "n1", labels, release="0.33.0").not_turned_off
+    v34 = decide(policy(), "n1", labels, release="0.34.1").not_turned_off
+    assert "DeepSeek-V3.2 and GLM-5.x (deepseek_v32)" in v33 and not any("Qwen3.5" in p for p in v33)
+    assert any("Qwen3.5" in p for p in v34) and any("Kimi-K3.1" in p for p in v34)
+    assert any("DSpark drafter" in p for p in v34) and not any("Mistral" in p for p in v34)

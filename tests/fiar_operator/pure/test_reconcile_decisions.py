@@ -251,6 +251,8 @@ def test_status_counts_nodes_per_verdict_and_pods_per_outcome() -> None:
         "fusionUncontrolled": 0,
         "multicastGuarded": 0,
         "flashinferNotTurnedOff": 0,
+        "valuesNotApplied": 0,
+        "releaseNotQualified": 0,
     }
     assert status["observedGeneration"] == 2
     conditions = {c["type"]: c for c in status["conditions"]}

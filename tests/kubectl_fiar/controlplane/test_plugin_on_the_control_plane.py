@@ -244,6 +244,8 @@ def test_status_as_json_has_every_node_and_the_policys_counts(fleet: Fleet) -> N
         "fusionUncontrolled": 0,
         "multicastGuarded": 7,
         "flashinferNotTurnedOff": 4,
+        "valuesNotApplied": 0,
+        "releaseNotQualified": 0,
     }
     assert doc["stalePods"] == [f"{NS}/vllm-zz-labelled-by-hand"]
     kinds = [(a["kind"], a["subject"]) for a in doc["attention"]]
