@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Real-GPU verification of the node agent, from the repository root of a GPU host.
 #
-#   OUT=/some/dir bench/agent_gpu_verify.sh
+#   OUT=/some/dir bench/agent_gpu_verify.sh [--shared-gpu]
 #
 # Steps, each under a hard `timeout` on top of the agent's own process-group kill:
 #   1. fiar-agent inventory              -> inventory.json (the host in the fixture format)
-#   2. probe on an empty JIT cache       -> probe-cold.json (kernel build timed apart from the test)
+#   2. probe on an empty JIT cache       -> probe-cold.json (kernel build timed apart from the test;
+#      KEEP_JIT=1 keeps the cache in $FLASHINFER_WORKSPACE_BASE instead)
 #   3. fiar-agent prebuild               -> prebuild.json (on the now warm cache: nothing to build)
 #   4. probe with --require-prebuilt and the NCCL benchmark -> probe-warm.json
+#   4s. with --shared-gpu (test hosts only; run it whenever node_agent/smoke/ changes): the two-rank
+#      trtllm smoke test with both ranks on the first GPU, a gloo group, on the kernels of step 3
+#      -> probe-shared.json ("shared GPU: correctness only, no timing"; it writes no label)
 #   5. fiar-agent run against an unreachable API server (it backs off and keeps the verdict
 #      pending): the resident process's RSS and whether torch/FlashInfer are mapped in it,
 #      then SIGTERM and its exit code -> rss.txt (its log: daemon.log)
@@ -17,6 +21,12 @@
 # must detect (multicast disabled, mnnvl skipped, trtllm tested with multicast off).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set -u
+SHARED_GPU=0
+case "${1:-}" in
+  --shared-gpu) SHARED_GPU=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--shared-gpu]" >&2; exit 2 ;;
+esac
 
 OUT=${OUT:-$PWD/.out}
 BUDGET=${BUDGET:-560}          # seconds for the whole script
@@ -44,8 +54,9 @@ log "1. inventory"
 timeout -k 10 120 "$PY" -m node_agent inventory --output "$OUT/inventory.json" 2>>"$OUT/run.log"
 log "inventory rc=$?"
 
-export FLASHINFER_WORKSPACE_BASE=/tmp/fiar-jit
-rm -rf "$FLASHINFER_WORKSPACE_BASE"
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiar-jit}
+# KEEP_JIT=1: keep a cache that an earlier `fiar-agent prebuild` filled (one longer than a call's limit)
+[ "${KEEP_JIT:-0}" = 1 ] || rm -rf "$FLASHINFER_WORKSPACE_BASE"
 T=$(($(left) - 200)); [ "$T" -gt 420 ] && T=420
 log "2. cold probe (empty JIT cache, smoke-test timeout ${T}s)"
 timeout -k 10 $((T + 60)) "$PY" -m node_agent probe --json --no-benchmark --timeout "$T" \
@@ -53,6 +64,7 @@ timeout -k 10 $((T + 60)) "$PY" -m node_agent probe --json --no-benchmark --time
 log "cold probe rc=$?"
 
 T=$(($(left) - 150)); [ "$T" -gt 420 ] && T=420
+T=${PREBUILD_TIMEOUT:-$T}      # a release whose cold build is longer: give it what it needs
 log "3. prebuild (warm where step 2 built the kernels; a one-GPU host builds them here, cold; timeout ${T}s)"
 timeout -k 10 "$T" "$PY" -m node_agent prebuild >"$OUT/prebuild.json" 2>>"$OUT/run.log"
 log "prebuild rc=$?"
@@ -62,6 +74,14 @@ log "4. warm probe with --require-prebuilt and the benchmark (timeout ${T}s)"
 timeout -k 10 $((T + 60)) "$PY" -m node_agent probe --json --require-prebuilt --timeout "$T" \
   >"$OUT/probe-warm.json" 2>>"$OUT/run.log"
 log "warm probe rc=$?"
+
+if [ "$SHARED_GPU" = 1 ]; then
+  T=$(($(left) - 60)); [ "$T" -gt 240 ] && T=240
+  log "4s. shared-GPU probe: two trtllm ranks on the first GPU, gloo, --require-prebuilt (timeout ${T}s)"
+  timeout -k 10 $((T + 60)) "$PY" -m node_agent probe --json --shared-gpu --require-prebuilt --timeout "$T" \
+    >"$OUT/probe-shared.json" 2>>"$OUT/run.log"
+  log "shared-GPU probe rc=$?"
+fi
 
 log "5. daemon: resident memory, no torch in the resident process, SIGTERM"
 cat >/tmp/unreachable-kubeconfig <<'EOF'

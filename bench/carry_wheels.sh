@@ -25,8 +25,11 @@ STASH=${STASH:-/tmp/fiar-carry}
 WHL=${WHL:-.whl}
 
 # One line per package: what flashinfer-python's and kubernetes' metadata require and the device
-# image lacks. FlashInfer imports tvm_ffi, cutlass and cudnn at module level (import flashinfer
-# fails without them); cuda-tile is imported lazily but is tiny. Left out: nccl4py and
+# image lacks. `import flashinfer, flashinfer.comm` (0.7.2.post1, 0.7.4) and the agent's whole
+# bench/agent_gpu_verify.sh ran without the CUTLASS DSL wheels on 1x H100 (2026-12-06), with
+# apache-tvm-ffi, nvidia-cudnn-frontend and cuda-tile only, and FlashInfer's wheel repacked as
+# tar.xz (62 MB -> 16 MB; 0.7.4: 101 MB -> 26 MB), in one call; bench/results/agent/2026-12-06-h100x1/
+# README.md. The DSL stays in this list for FlashInfer's CuTe DSL kernels. Left out: nccl4py and
 # nccl-extensions (FlashInfer's moe_ep only, never on the allreduce path), cuda-python (a meta
 # package over the image's cuda-bindings), google-auth (kubernetes imports it only for GKE auth).
 WHEELS=(

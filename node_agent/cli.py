@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="probe once and print the verdict (no Kubernetes)", epilog=EPILOG)
     _add_probe_options(p)
     p.add_argument("--json", action="store_true", help="print the full report (with its labels) as JSON")
+    p.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="test hosts only: run the two-rank tests with both ranks on the first GPU (a gloo group); "
+        "correctness only, no timing, and no label (the daemon has no such option)",
+    )
 
     r = sub.add_parser(
         "run",
@@ -169,6 +175,7 @@ def probe_config(args: argparse.Namespace) -> ProbeConfig:
         bench_margin=args.bench_margin,
         require_prebuilt=args.require_prebuilt,
         iters=args.iters,
+        shared_gpu=getattr(args, "shared_gpu", False),  # `probe` only: `run` has no such option
     )
     config.validate()
     return config

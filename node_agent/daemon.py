@@ -121,6 +121,8 @@ class DaemonConfig:
             parse_addr(self.metrics_addr)
         if self.kernel_cache and not os.path.isdir(self.kernel_seed):
             raise ConfigError(f"--kernel-seed {self.kernel_seed}: no such folder (the image's prebuilt kernels)")
+        if self.probe.shared_gpu:
+            raise ConfigError("a shared-GPU probe labels no node: the daemon never runs one (use fiar-agent probe)")
         self.probe.validate()
 
 
@@ -338,6 +340,8 @@ class Agent:
                     continue
                 if result is None:
                     break
+                if result.verdict.shared_gpu:  # DaemonConfig.validate refuses it; never publish one regardless
+                    raise ConfigError("a shared-GPU verdict labels no node")
                 publish = loop.Publish(result.labels, report_mod.dumps(result.report))
                 state = loop.probed(state, clock.monotonic(), action, result.verdict.status, publish, timing)
                 if state.probe_timer == "retry":

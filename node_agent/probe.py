@@ -17,6 +17,11 @@ compute capability no entry of the list covers (``9.0a``: exactly SM 9.0; ``10.0
 kernels were never built for it.
 
 No conclusive test: the verdict is never ``none`` (docs/DESIGN.md#verdict-none; ``verdict`` applies it).
+
+Shared GPU (``shared_gpu``, ``fiar-agent probe --shared-gpu``; test hosts only, never the daemon): the
+backends that need no multicast are tested with two ranks on the first GPU (a gloo group), so the
+two-rank kernels run on a one-GPU machine. The ranks take turns on the GPU: the test proves the
+kernels right and times nothing, and its verdict writes no label (``verdict.correctness_only``).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from node_agent.hardware import Hardware
 from node_agent.inventory import COMM_KERNEL_GENERATIONS, Gpu, Inventory, has_comm_kernels
 from node_agent.policy import HostPolicy, resolve
 from node_agent.smoke import launcher
-from node_agent.smoke.outcome import SmokeOutcome, SmokeRequest
-from node_agent.verdict import DEFAULT_BENCH_MARGIN, Verdict, decide
+from node_agent.smoke.outcome import SHARED_GPU_MARK, SmokeOutcome, SmokeRequest
+from node_agent.verdict import DEFAULT_BENCH_MARGIN, Verdict, correctness_only, decide
 
 Progress = Callable[[str], None]
 
@@ -60,6 +65,8 @@ class ProbeConfig:
     """Skip a test rather than compile kernels on the critical path."""
     iters: int = 50
     peer_grace_s: float = 10.0
+    shared_gpu: bool = False
+    """Test hosts only: two ranks share the first GPU; correctness only, no timing, no label."""
 
     def validate(self) -> None:
         if not self.timeout_s > 0:
@@ -69,6 +76,8 @@ class ProbeConfig:
         if self.gpus is not None and self.gpus not in backends.RANK_COUNTS:
             low, high = backends.RANK_COUNTS[0], backends.RANK_COUNTS[-1]
             raise ConfigError(f"--gpus must be a power of two from {low} to {high}, got {self.gpus}")
+        if self.shared_gpu and self.gpus not in (None, 2):
+            raise ConfigError(f"--shared-gpu runs 2 ranks on one GPU; --gpus {self.gpus} does not apply")
         if not 0 <= self.bench_margin <= 10:
             raise ConfigError(f"--bench-margin must be between 0 and 10, got {self.bench_margin}")
         if self.iters < 1:
@@ -183,13 +192,20 @@ def _plan(
             f"host policy forbids multicast ({', '.join(policy.sources)}); no multicast object is created",
         )
     n = len(inv.gpus)
-    if n < 2:
+    if config.shared_gpu:
+        if backends.spec(backend).needs_multicast:
+            return SmokeOutcome.skipped(backend, "not_applicable", f"{SHARED_GPU_MARK}: {backend} needs multicast")
+        if n < 1:
+            return SmokeOutcome.skipped(backend, "not_applicable", "no GPU to share")
+        devices: tuple[int, ...] = (min(g.index for g in inv.gpus),) * 2
+    elif n < 2:
         return SmokeOutcome.skipped(
             backend, "not_applicable", f"{n} GPU{'s' if n != 1 else ''}; an allreduce needs 2 or more"
         )
-    size = world_size(backend, min(config.gpus or n, n))
-    assert size is not None  # n >= 2 and 2 is a world size of every backend
-    devices = tuple(sorted(g.index for g in inv.gpus))[:size]
+    else:
+        size = world_size(backend, min(config.gpus or n, n))
+        assert size is not None  # n >= 2 and 2 is a world size of every backend
+        devices = tuple(sorted(g.index for g in inv.gpus))[:size]
     unsupported = unsupported_generation([g for g in inv.gpus if g.index in devices])
     if unsupported is not None:
         return SmokeOutcome.skipped(backend, "not_applicable", unsupported)
@@ -265,11 +281,13 @@ def probe(
             backend=backend,
             devices=plan,
             timeout_s=config.timeout_s,
-            benchmark=config.benchmark,
+            benchmark=config.benchmark and not config.shared_gpu,
             require_prebuilt=config.require_prebuilt,
             iters=config.iters,
+            shared_gpu=config.shared_gpu,
         )
-        say(f"{backend}: smoke test, {len(plan)} ranks on GPUs {list(plan)}, hard timeout {config.timeout_s:.0f}s")
+        shared = f" ({SHARED_GPU_MARK})" if config.shared_gpu else ""
+        say(f"{backend}: smoke test, {len(plan)} ranks on GPUs {list(plan)}{shared}, timeout {config.timeout_s:.0f}s")
         outcome = launcher.run_smoke(
             request,
             hw.smoke_worker(backend),
@@ -283,6 +301,8 @@ def probe(
         say(f"{backend}: {outcome.result}" + (f" ({outcome.reason})" if outcome.reason else ""))
 
     verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error, previous=kept)
+    if config.shared_gpu:
+        verdict = correctness_only(verdict)
     duration_s = time.monotonic() - t0
     doc = report_mod.build(
         hardware=hw.description,

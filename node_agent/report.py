@@ -42,7 +42,7 @@ import fiar_contract as contract
 from node_agent import __version__, inventory
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
-from node_agent.smoke.outcome import SmokeOutcome
+from node_agent.smoke.outcome import SHARED_GPU_MARK, SmokeOutcome
 from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
 
 SCHEMA = "fiar.io/probe-report"
@@ -111,6 +111,8 @@ def build(
     }
     if verdict.kept_from is not None:
         report["labels_kept_from"] = verdict.kept_from
+    if verdict.shared_gpu:
+        report["shared_gpu"] = SHARED_GPU_MARK
     return report
 
 

@@ -55,6 +55,7 @@ in ``backends.NAMES`` order), ``conclude`` (whether that choice may be written: 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ import fiar_contract as contract
 from node_agent import backends
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
-from node_agent.smoke.outcome import SmokeOutcome
+from node_agent.smoke.outcome import SHARED_GPU_MARK, SmokeOutcome
 
 DEFAULT_BENCH_MARGIN = 0.10
 """A backend whose geometric-mean latency is more than 10% above plain NCCL's is not recommended."""
@@ -126,6 +127,8 @@ class Verdict:
     bench: Mapping[str, BenchJudgement] = field(default_factory=dict)
     kept_from: str | None = None
     """Probe time of the report whose verdict labels were kept (inconclusive probe)."""
+    shared_gpu: bool = False
+    """Ranks shared a GPU (``SHARED_GPU_MARK``): ``labels`` is empty, and nothing may publish this verdict."""
 
 
 def judge_bench(outcome: SmokeOutcome, margin: float) -> BenchJudgement | None:
@@ -427,3 +430,17 @@ def _untested(untested: Sequence[str], inv: Inventory | None) -> str:
     if inv is None:
         return "the GPUs could not be read"
     return f"{' and '.join(untested)} could not be tested"
+
+
+def correctness_only(verdict: Verdict) -> Verdict:
+    """The verdict of a probe whose ranks shared a GPU: its tests prove the kernels right and time
+    nothing, so it labels no node. Every label is dropped and the reasons say why first."""
+    return dataclasses.replace(
+        verdict,
+        labels={},
+        backend=None,
+        bench={},
+        kept_from=None,
+        reasons=(f"{SHARED_GPU_MARK}: the ranks shared one GPU, so no label is written", *verdict.reasons),
+        shared_gpu=True,
+    )

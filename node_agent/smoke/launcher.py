@@ -2,7 +2,9 @@
 
 This is the only part of the smoke tests the resident agent runs in-process; it imports neither
 torch nor FlashInfer. The group gets the host policy's variables, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-(so CUDA numbers GPUs as NVML does) and ``CUDA_VISIBLE_DEVICES`` set to the GPUs under test.
+(so CUDA numbers GPUs as NVML does) and ``CUDA_VISIBLE_DEVICES`` set to the GPUs under test, each
+once: a shared-GPU request (test hosts only) keeps its duplicate devices as ranks, and each rank
+uses ``LOCAL_RANK % device_count``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def run_smoke(
     group_env = {
         **env,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in request.devices),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in request.visible_devices),
     }
     with tempfile.TemporaryDirectory(prefix=f"fiar-smoke-{request.backend}-") as tmp:
         events_dir = Path(tmp)

@@ -28,6 +28,9 @@ def is_kind(value: object) -> TypeGuard[OutcomeKind]:
     return value in OUTCOME_KINDS
 
 
+SHARED_GPU_MARK: Final = "shared GPU: correctness only, no timing"
+"""How a test whose ranks share a GPU is marked: it proves the kernels right, never a node's labels."""
+
 DEFAULT_BENCH_HIDDEN = (4096, 8192)
 DEFAULT_BENCH_TOKENS = (1, 8, 64, 256, 1024, 4096)
 
@@ -44,10 +47,18 @@ class SmokeRequest:
     bench_hidden: tuple[int, ...] = DEFAULT_BENCH_HIDDEN
     bench_tokens: tuple[int, ...] = DEFAULT_BENCH_TOKENS
     iters: int = 50
+    shared_gpu: bool = False
+    """Test hosts only: ``devices`` repeats a GPU, so several ranks share it (a gloo group, no timing;
+    ``SHARED_GPU_MARK``). The DaemonSet never asks for it (``DaemonConfig.validate``)."""
 
     @property
     def ranks(self) -> int:
         return len(self.devices)
+
+    @property
+    def visible_devices(self) -> tuple[int, ...]:
+        """``CUDA_VISIBLE_DEVICES``: each GPU once, in order (a rank uses ``LOCAL_RANK % device_count``)."""
+        return tuple(dict.fromkeys(self.devices))
 
     def worker_args(self) -> list[str]:
         args = [
@@ -63,6 +74,8 @@ class SmokeRequest:
             ]  # fmt: skip
         if self.require_prebuilt:
             args.append("--require-prebuilt")
+        if self.shared_gpu:
+            args.append("--shared-gpu")
         return args
 
 

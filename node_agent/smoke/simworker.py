@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=backends.NAMES, required=True)
     p.add_argument("--benchmark", action="store_true")
     p.add_argument("--require-prebuilt", action="store_true")
+    p.add_argument("--shared-gpu", action="store_true")
     args, _unknown = p.parse_known_args(argv)  # the real worker's size options do not apply
 
     log = EventLog.from_env()
@@ -112,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         emit_ok(step, **fields)
 
     latency = spec.get("latency_us") or {}
-    log.emit("timing", "ok", dt=0.0, simulated=True, **{k: float(v) for k, v in latency.items()})
-    if args.benchmark and spec.get("bench"):
-        log.emit("benchmark", "ok", dt=0.0, simulated=True, points=list(spec["bench"]))
+    if not args.shared_gpu:  # ranks sharing a GPU time nothing, as in the real worker
+        log.emit("timing", "ok", dt=0.0, simulated=True, **{k: float(v) for k, v in latency.items()})
+        if args.benchmark and spec.get("bench"):
+            log.emit("benchmark", "ok", dt=0.0, simulated=True, points=list(spec["bench"]))
     log.emit("done", "done")
     return 0
 

@@ -4,7 +4,9 @@ Started by ``node_agent.smoke.supervisor`` with ``RANK``, ``WORLD_SIZE``, ``MAST
 ``FIAR_EVENTS_FILE`` set. Steps (each reported as events, see ``node_agent.smoke.events``):
 
 1. ``import``   torch and ``flashinfer.comm`` (missing: the test is skipped, not failed);
-2. ``init``     a NCCL ``torch.distributed`` group, one rank per GPU;
+2. ``init``     a NCCL ``torch.distributed`` group, one rank per GPU (rank ``LOCAL_RANK % device_count``
+                uses that GPU); with ``--shared-gpu`` (test hosts only) a gloo group, since NCCL
+                refuses two ranks on one GPU, and the ranks share the visible GPUs;
 3. ``jit``      build or load the backend's comm module, timed apart from the test (rank 0 first,
                 then the others load what it built); ``--require-prebuilt`` refuses to compile;
                 an error here (kind ``jit``) or CUDA's "no kernel image is available" in any step
@@ -20,6 +22,9 @@ Started by ``node_agent.smoke.supervisor`` with ``RANK``, ``WORLD_SIZE``, ``MAST
 7. ``timing``   mean latency of the eager call and of one graph replay;
 8. ``benchmark`` (optional) the backend against plain NCCL ``all_reduce`` over hidden sizes and
                 token counts, eager both, plus the backend replayed from a CUDA graph.
+
+With ``--shared-gpu`` steps 7 and 8 do not run: ranks that take turns on one GPU time the turns, not
+the backend (``SHARED_GPU_MARK``). Backends that need multicast refuse it.
 
 Inputs are multiples of 0.25 between 0.25 and 1.75 times (rank + 1): no -0.0 (the Lamport
 sentinel) and no subnormals; the reference is their sum in fp32.
@@ -44,7 +49,7 @@ from typing import Any
 
 from node_agent import backends, policy
 from node_agent.smoke.events import EventLog
-from node_agent.smoke.outcome import OutcomeKind, SmokeRequest
+from node_agent.smoke.outcome import SHARED_GPU_MARK, OutcomeKind, SmokeRequest
 from node_agent.smoke.rules import failure_kind
 
 EXIT_FAIL = 1
@@ -79,7 +84,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bench-tokens", type=_ints, default=default["bench_tokens"])
     p.add_argument("--require-prebuilt", action="store_true")
     p.add_argument("--collective-timeout", type=float, default=300.0)
-    return p.parse_args(argv)
+    p.add_argument("--shared-gpu", action="store_true", help=f"ranks share GPUs: a gloo group; {SHARED_GPU_MARK}")
+    args = p.parse_args(argv)
+    if args.shared_gpu and backends.spec(args.backend).needs_multicast:
+        p.error(f"--shared-gpu: {args.backend} needs multicast, which ranks sharing a GPU cannot test")
+    return args
 
 
 class Rank:
@@ -94,7 +103,8 @@ class Rank:
         self.backend_cls = backend_cls
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
-        self.local = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local = self.local_rank
         self.step = "init"
         self.device: Any = None
         self.pg: Any = None
@@ -144,18 +154,20 @@ class Rank:
         t, dist = self.torch, self.dist
         self.step = "init"
         self.log.start("init")
+        self.local = self.local_rank % t.cuda.device_count()
         t.cuda.set_device(self.local)
         self.device = t.device("cuda", self.local)
-        dist.init_process_group(
-            "nccl",
-            rank=self.rank,
-            world_size=self.world,
-            device_id=self.device,
-            timeout=timedelta(seconds=self.args.collective_timeout),
-        )
+        timeout = timedelta(seconds=self.args.collective_timeout)
+        if self.args.shared_gpu:  # NCCL refuses two ranks on one GPU; gloo carries the handle exchange
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=timeout)
+        else:
+            dist.init_process_group(
+                "nccl", rank=self.rank, world_size=self.world, device_id=self.device, timeout=timeout
+            )
         self.pg = dist.group.WORLD
         dist.barrier()
-        self.log.ok("init", device=t.cuda.get_device_name(self.local), world_size=self.world)
+        fields: dict[str, Any] = {"shared_gpu": SHARED_GPU_MARK} if self.args.shared_gpu else {}
+        self.log.ok("init", device=t.cuda.get_device_name(self.local), world_size=self.world, **fields)
 
     def jit(self) -> None:
         self.step = "jit"
@@ -366,9 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         rank.workspace()
         x, out = rank.eager()
         graph = rank.graph(x, out)
-        rank.timing(x, out, graph)
-        if args.benchmark:
-            rank.benchmark()
+        if not args.shared_gpu:
+            rank.timing(x, out, graph)
+            if args.benchmark:
+                rank.benchmark()
         dist.barrier()
         torch.cuda.synchronize()
     except NotPrebuilt as exc:
