@@ -11,8 +11,11 @@ keeps them one way: nothing here imports the operator, the agent or the kubectl 
 * ``errors``: the typed errors; ``error_for`` maps an HTTP status (or a watch ERROR event's Status) to
   a type, once; callers decide by type, never by number;
 * ``backoff``: ``Backoff`` / ``backoff_delay``;
-* ``credentials``: ``Credentials``, ``load_config`` (kubeconfig, else in-cluster, else optionally the
-  default kubeconfig), ``authorization`` (the refresh hook of the configuration runs first);
+* ``credentials``: ``Credentials``, the in-cluster service account, ``authorization`` (the refresh hook
+  of the configuration runs first) and ``impersonation``;
+* ``kubeconfig``: a kubeconfig read as client-go reads it, and ``load_config`` (kubeconfig, else
+  in-cluster, else optionally the default kubeconfig);
+* ``pem``: inline PEM data loaded into a TLS context from memory;
 * ``proxy``: the proxy of the kubeconfig or the environment, unless ``NO_PROXY`` names the host;
 * ``tls``: the TLS settings of a configuration, for both transports;
 * ``deadline``: a request's time limits; ``http1``: HTTP/1.1 answers read from a socket;
@@ -39,16 +42,7 @@ from .client import (
     target,
     url,
 )
-from .credentials import (
-    KUBECONFIG_MAX,
-    SERVICE_ACCOUNT,
-    Credentials,
-    TokenFile,
-    authorization,
-    from_kubeconfig,
-    in_cluster,
-    load_config,
-)
+from .credentials import SERVICE_ACCOUNT, Credentials, TokenFile, authorization, impersonation, in_cluster
 from .deadline import Timeout
 from .errors import (
     MAX_ERROR_BODY,
@@ -70,6 +64,7 @@ from .errors import (
     status_message,
 )
 from .http1 import MAX_HEAD_BYTES
+from .kubeconfig import KUBECONFIG_EVENTS, KUBECONFIG_MAX, from_kubeconfig, load_config
 from .lane import KEPT_IDLE_S, Lane
 from .pool import pool_manager
 from .proxy import bypasses_proxy, proxies, proxy_for
@@ -81,6 +76,7 @@ __all__ = [
     "ERROR_READ",
     "JSON",
     "KEPT_IDLE_S",
+    "KUBECONFIG_EVENTS",
     "KUBECONFIG_MAX",
     "MAX_ERROR_BODY",
     "MAX_EVENT_BYTES",
@@ -113,6 +109,7 @@ __all__ = [
     "error_for",
     "error_type",
     "from_kubeconfig",
+    "impersonation",
     "in_cluster",
     "load_config",
     "pool_manager",

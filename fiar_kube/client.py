@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlencode
 
-from .credentials import authorization
-from .deadline import Timeout
+from .credentials import authorization, impersonation
+from .deadline import WATCHDOG, Timeout, limits, within
 from .errors import MAX_ERROR_BODY, Unavailable, error_for, status_message, unavailable
-from .http1 import Broken
+from .http1 import Broken, check_request
 from .lane import Lane
 from .pool import pool_manager
 from .watch import MAX_EVENT_BYTES, WatchLines
@@ -46,8 +47,11 @@ def target(path: str, query: Mapping[str, Any] | None = None) -> str:
 class Client:
     """JSON requests and watch streams with the credentials of a kubernetes ``Configuration``.
 
-    Answers are decoded JSON; failures are the typed errors above (a transport failure is
-    ``Unavailable``). Not shared between processes; safe to share between threads (the pool is)."""
+    Answers are decoded JSON; failures are the typed errors of ``errors`` (a transport failure is
+    ``Unavailable``, a request that cannot be written ``Unsendable``). Every request ends by its
+    deadline on either transport (``Timeout``); a watch stream waits ``read_timeout_s`` at most for a
+    byte, and as long at most for the rest of an event once its first byte came. Not shared between
+    processes; safe to share between threads (the pool is)."""
 
     def __init__(
         self,
@@ -65,14 +69,15 @@ class Client:
         """Where requests go (None: through urllib3, as watch streams always do; ``lane=False`` asks
         for that, to measure one beside the other)."""
 
-    def headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": JSON, "User-Agent": self.user_agent}
+    def headers(self, content_type: str | None = None) -> list[tuple[str, str]]:
+        """The header fields of a request: a list, since Impersonate-Group repeats."""
+        headers = [("Accept", JSON), ("User-Agent", self.user_agent)]
         if content_type:
-            headers["Content-Type"] = content_type
+            headers.append(("Content-Type", content_type))
         token = authorization(self.configuration)
         if token:
-            headers["Authorization"] = token
-        return headers
+            headers.append(("Authorization", token))
+        return headers + list(impersonation(self.configuration))
 
     def _send(
         self,
@@ -81,25 +86,32 @@ class Client:
         query: Mapping[str, Any] | None,
         body: Any,
         content_type: str | None,
-        timeout: Timeout,
+        connect_s: float | None,
+        read_s: float | None,
+        deadline: float | None,
     ) -> urllib3.BaseHTTPResponse:
+        """The answer's head through urllib3 (each wait bounded by the time left); its body is read by
+        the caller under ``_bounded``."""
         import urllib3
 
-        if isinstance(timeout, tuple):
-            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
-        else:
-            limit = urllib3.Timeout(total=timeout)
+        fields = check_request(
+            method, target(path, query), self.headers(content_type or (JSON if body is not None else None))
+        )
+        headers = urllib3.HTTPHeaderDict()
+        for name, value in fields:
+            headers.add(name, value)
         try:
+            limit = urllib3.Timeout(connect=within(connect_s, deadline), read=within(read_s, deadline))
             return self._pool.request(  # type: ignore[no-any-return]
                 method,
                 url(self.configuration.host, path, query),
                 body=None if body is None else json.dumps(body).encode(),
-                headers=self.headers(content_type or (JSON if body is not None else None)),
+                headers=headers,
                 timeout=limit,
                 preload_content=False,
                 retries=False,
             )
-        except urllib3.exceptions.HTTPError as exc:  # the API server is unreachable or slow
+        except (urllib3.exceptions.HTTPError, TimeoutError) as exc:  # the API server is unreachable or slow
             raise unavailable(f"{method} {path}", exc) from exc
 
     def request(
@@ -159,14 +171,22 @@ class Client:
     ) -> tuple[int, str, bytes]:
         import urllib3
 
-        response = self._send(method, path, query, body, content_type, timeout)
+        connect_s, read_s, deadline = limits(timeout)
+        response = self._send(method, path, query, body, content_type, connect_s, read_s, deadline)
         ok = 200 <= response.status <= 299
+        alarm = None if deadline is None else WATCHDOG.arm(deadline, response.shutdown)
         try:
             data = response.read() if ok else response.read(ERROR_READ)
         except urllib3.exceptions.HTTPError as exc:
-            raise unavailable(f"{method} {path}", exc) from exc
+            raise unavailable(
+                f"{method} {path}", TimeoutError("the request's time is up") if alarm and alarm.fired else exc
+            ) from exc
         finally:
-            response.release_conn() if ok else response.close()
+            if alarm is not None:
+                alarm.cancel()
+            response.release_conn() if ok and not (alarm and alarm.fired) else response.close()
+        if alarm is not None and alarm.fired:  # a body without framing, cut short by the deadline
+            raise unavailable(f"{method} {path}", TimeoutError("the request's time is up"))
         return response.status, response.reason or "", data
 
     def stream(
@@ -179,14 +199,18 @@ class Client:
         max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> Iterator[dict[str, Any]]:
         """The JSON events of a watch (``path`` with ``watch=true`` in its query), one per line, until
-        the server ends it. ERROR events are handed out as they come (see ``status_error``)."""
+        the server ends it. ERROR events are handed out as they come (see ``status_error``). Each read
+        waits ``read_timeout_s`` at most, and an event whose first byte came must end within as long
+        (a server trickling one endless line is ``Unavailable``, not a stream held forever)."""
         import urllib3
 
-        response = self._send("GET", path, query, None, None, (connect_timeout_s, read_timeout_s))
-        ended = False
+        head_by = time.monotonic() + connect_timeout_s + read_timeout_s
+        response = self._send("GET", path, query, None, None, connect_timeout_s, read_timeout_s, head_by)
+        ended, alarm = False, None
         try:
             if not 200 <= response.status <= 299:
-                data = response.read(64 * 1024)
+                alarm = WATCHDOG.arm(time.monotonic() + read_timeout_s, response.shutdown)
+                data = response.read(ERROR_READ)
                 raise error_for(
                     response.status,
                     f"watch {path}: HTTP {response.status} {status_message(data)}".strip(),
@@ -194,12 +218,27 @@ class Client:
                     body=data[:MAX_ERROR_BODY].decode(errors="replace"),
                 )
             lines = WatchLines(max_event_bytes)
-            for chunk in response.stream(64 * 1024):
-                yield from lines.feed(chunk)
+            while True:
+                chunk = response.read1(64 * 1024)  # at most one read of the socket: the line's time is checked
+                if not chunk:
+                    break
+                events = lines.feed(chunk)
+                if alarm is not None and (events or not lines.pending):  # the line begun has ended
+                    alarm.cancel()
+                    alarm = None
+                yield from events
+                if lines.pending and alarm is None:
+                    alarm = WATCHDOG.arm(time.monotonic() + read_timeout_s, response.shutdown)
+            if alarm is not None and alarm.fired:
+                raise Unavailable(f"watch {path}: an event not ended within {read_timeout_s} s of its first byte")
             ended = True
-        except urllib3.exceptions.HTTPError as exc:
+        except urllib3.exceptions.HTTPError:
+            if alarm is not None and alarm.fired:
+                exc = TimeoutError(f"an event not ended within {read_timeout_s} s of its first byte")
             raise unavailable(f"watch {path}", exc) from exc
         finally:
+            if alarm is not None:
+                alarm.cancel()
             # a stream the server ended goes back to the pool; one left early (an ERROR event, a
             # line over the bound, a stop) may hold unread bytes, so its connection is closed
             response.release_conn() if ended else response.close()

@@ -3,13 +3,53 @@ by Content-Length, chunked encoding, or the end of the connection."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from .deadline import within
+from .errors import Unsendable
 
 MAX_HEAD_BYTES: Final = 64 * 1024
 """Bytes of an answer's status line and headers at most (the API server sends about 300)."""
+
+
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""A field name (RFC 9110, 5.1: a token)."""
+_FORBIDDEN_IN_VALUE: Final = re.compile(rb"[\x00\r\n]")
+_TARGET: Final = re.compile(r"[\x21-\x7e]+")
+"""A request target: visible ASCII only (no space, no control character, nothing past 0x7e)."""
+_VALUE: Final = re.compile(r"[^\x00\r\n\u0100-\U0010ffff]*")
+"""A header value this package writes: Latin-1 without CR, LF or NUL."""
+
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+"""Request header fields: a mapping, or pairs (a name may repeat, as Impersonate-Group does)."""
+
+
+def pairs(headers: Headers) -> list[tuple[str, str]]:
+    return list(headers.items() if isinstance(headers, Mapping) else headers)
+
+
+def check_request(method: str, target: str, headers: Headers) -> list[tuple[str, str]]:
+    """The header fields of a request that can be written as HTTP/1.1, else ``Unsendable``: the one
+    check both transports make before a byte is sent."""
+    fields = pairs(headers)
+    if not _TARGET.fullmatch(target):
+        raise Unsendable(f"{method} {target[:100]!r}: a request target must be visible ASCII (percent-encode it)")
+    for name, value in fields:
+        if not _TOKEN.fullmatch(name.encode("latin-1", errors="replace")) or not name.isascii():
+            raise Unsendable(f"{method} {target[:100]}: a header name that is not a token: {name[:40]!r}")
+        if not _VALUE.fullmatch(value):
+            raise Unsendable(f"{method} {target[:100]}: header {name} has a line break, NUL or non-Latin-1 value")
+    return fields
+
+
+def request_head(method: str, target: str, authority: str, fields: list[tuple[str, str]], length: int | None) -> bytes:
+    """The request line and header fields of a checked request (``check_request``)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", *(f"{k}: {v}" for k, v in fields)]
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class Broken(Exception):
@@ -83,24 +123,31 @@ UNBOUNDED: Final = 1 << 62
 
 
 def read_head(reader: Reader) -> tuple[int, str, dict[str, str], bool]:
-    """(status, reason, fields, whether HTTP/1.1 lets the connection be kept) of the first answer that
-    is not interim (1xx)."""
+    """(status, reason, fields, whether the connection may be kept) of the first answer that is not
+    interim (1xx), read strictly as RFC 9112 asks: a field name is a token followed at once by its
+    colon (whitespace before it, or a folded line, is refused), a value holds no NUL or bare CR/LF. An
+    answer framed by both Transfer-Encoding and Content-Length is read by its Transfer-Encoding and
+    its connection closed after it (6.3: such a message may be an attempt at response smuggling)."""
     while True:
         lines = reader.until(b"\r\n\r\n", MAX_HEAD_BYTES).split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
         code, _, reason = rest.partition(b" ")
-        if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+        if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
             raise Broken(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         fields: dict[str, str] = {}
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            if not colon:
-                raise Broken(f"not a header line: {line[:80]!r}")
-            key, text = name.strip().lower().decode("latin-1"), value.strip().decode("latin-1")
+            if not colon or not _TOKEN.fullmatch(name):
+                raise Broken(f"not a header field: {line[:80]!r}")
+            if _FORBIDDEN_IN_VALUE.search(value):
+                raise Broken(f"a header value with NUL, CR or LF: {line[:80]!r}")
+            key, text = name.lower().decode("ascii"), value.strip(b" \t").decode("latin-1")
             fields[key] = f"{fields[key]}, {text}" if key in fields else text
         status = int(code)
         if not 100 <= status <= 199:
             keep = version == b"HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+            if "transfer-encoding" in fields and ("content-length" in fields or version != b"HTTP/1.1"):
+                keep = False
             return status, reason.decode("latin-1"), fields, keep
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import select
 import socket
 import threading
@@ -12,7 +11,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from .deadline import Timeout, limits, within
-from .http1 import UNBOUNDED, Closed, Reader, read_body, read_head
+from .http1 import UNBOUNDED, Closed, Headers, Reader, check_request, read_body, read_head, request_head
 from .proxy import proxy_for
 from .tls import tls_context
 
@@ -20,8 +19,6 @@ KEPT_IDLE_S: Final = 60.0
 """Seconds a kept connection may sit idle and still be used: below the API server's own 90 s
 (``IdleTimeout`` of k8s.io/apiserver's secure serving), so that no request is sent on a connection
 the server is closing."""
-_CONTROL: Final = re.compile(r"[\x00-\x20\x7f]")
-_BREAK: Final = re.compile(r"[\r\n\x00]")
 _SAFE_AGAIN: Final = frozenset({"GET", "HEAD"})
 """Methods sent again on a new connection when a kept one turns out closed before any answer."""
 
@@ -70,10 +67,11 @@ class Lane:
         return cls(cfg, maxsize)
 
     def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None, timeout: Timeout, limit: int
+        self, method: str, target: str, headers: Headers, body: bytes | None, timeout: Timeout, limit: int
     ) -> tuple[int, str, bytes]:
         """(status, reason, body) of one request; a body of an answer outside 2xx is read up to
-        ``limit`` bytes. ``OSError`` or ``Broken`` when the exchange fails."""
+        ``limit`` bytes. ``OSError`` or ``Broken`` when the exchange fails; ``Unsendable`` (sending
+        nothing) when the request cannot be written as HTTP/1.1."""
         connect_s, read_s, deadline = limits(timeout)
         sock, reader, (status, reason, fields, keep) = self._exchange(
             method, target, headers, body, connect_s, read_s, deadline
@@ -90,21 +88,16 @@ class Lane:
         self,
         method: str,
         target: str,
-        headers: Mapping[str, str],
+        headers: Headers,
         body: bytes | None,
         connect_s: float | None,
         read_s: float | None,
         deadline: float | None,
     ) -> tuple[Any, Reader, tuple[int, str, dict[str, str], bool]]:
-        """Send the request and read its answer's head: (connection, its reader, the head). A target
-        or a header value with a control character is a ValueError, as in ``http.client``."""
-        if _CONTROL.search(target) or any(_BREAK.search(v) for v in headers.values()):
-            raise ValueError(f"a request target or header value with a control character: {target[:100]!r}")
-        lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.authority}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        """Send the request and read its answer's head: (connection, its reader, the head)."""
+        fields = check_request(method, self.prefix + target, headers)
+        length = len(body or b"") if body is not None or method in ("POST", "PUT", "PATCH") else None
+        data = request_head(method, self.prefix + target, self.authority, fields, length) + (body or b"")
         while True:
             sock, kept = self._take(connect_s, deadline)
             reader = Reader(sock, read_s, deadline)

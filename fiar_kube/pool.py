@@ -8,10 +8,13 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError
 from .proxy import proxy_for
+from .tls import tls_context
 
 
 def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[str, str] | None = None) -> Any:
-    """A urllib3 pool with the configuration's TLS settings, through its proxy unless bypassed."""
+    """A urllib3 pool with the configuration's TLS settings (``tls_context``, the lane's), through its
+    proxy unless bypassed. A client certificate in files is named to urllib3 as well, which loads it
+    again on each new connection (a rotated certificate is used next); one in memory is in the context."""
     import ssl
 
     import urllib3
@@ -20,20 +23,20 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
         "num_pools": num_pools,
         "maxsize": maxsize,
         "cert_reqs": ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE,
-        "ca_certs": cfg.ssl_ca_cert,
-        "cert_file": cfg.cert_file,
-        "key_file": cfg.key_file,
     }
-    optional = {
-        "ca_cert_data": "ca_cert_data",
-        "assert_hostname": "assert_hostname",
-        "server_hostname": "tls_server_name",
-        "socket_options": "socket_options",
-    }
+    try:
+        args["ssl_context"] = tls_context(cfg)
+    except (OSError, ValueError):  # an unreadable CA or certificate: urllib3 fails each connection on it
+        args["ca_certs"] = cfg.ssl_ca_cert
+    if cfg.cert_file and not getattr(cfg, "key_data", None):
+        args["cert_file"], args["key_file"] = cfg.cert_file, cfg.key_file
+    optional = {"assert_hostname": "assert_hostname", "server_hostname": "tls_server_name"}
     for arg, attribute in optional.items():
         value = getattr(cfg, attribute, None)
         if value is not None:
             args[arg] = value
+    if getattr(cfg, "socket_options", None) is not None:
+        args["socket_options"] = cfg.socket_options
     proxy = proxy_for(cfg, environ)
     if proxy is None:
         return urllib3.PoolManager(**args)

@@ -20,6 +20,11 @@ class WatchLines:
         self.limit = limit
         self._buffer = bytearray()
 
+    @property
+    def pending(self) -> bool:
+        """Whether part of a line came and its end has not."""
+        return bool(self._buffer)
+
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         self._buffer.extend(chunk)
         events: list[dict[str, Any]] = []

@@ -125,20 +125,20 @@ KUBE_SEAM_ALLOWED: dict[str, set[str]] = {
     "backoff": set(),
     "deadline": set(),
     "proxy": set(),
+    "pem": set(),
     "watch": {"errors"},
-    "tls": set(),
+    "tls": {"pem"},
     "http1": {"deadline", "errors"},
-    "credentials": {"errors"},
+    "credentials": set(),
+    "kubeconfig": {"credentials", "errors", "pem"},
     "pool": {"errors", "proxy", "tls"},
     "lane": {"deadline", "errors", "http1", "proxy", "tls"},
     "client": {"credentials", "deadline", "errors", "http1", "lane", "pool", "watch"},
-    "__init__": {
-        "backoff", "client", "credentials", "deadline", "errors", "http1", "lane", "pool", "proxy", "tls",
-        "watch",
-    },
+    "__init__": {"backoff", "client", "credentials", "deadline", "errors", "http1", "kubeconfig", "lane"}
+    | {"pool", "proxy", "tls", "watch"},
 }
 """What each module of the seam may import of the others: the plain parts (errors, backoff, time limits,
-the proxy rule, the watch line splitter) import none or only errors; the transports
+the proxy rule, the watch line splitter, PEM in memory) import none or only errors; the transports
 import those; the client composes them; ``__init__`` re-exports the public names."""
 
 
