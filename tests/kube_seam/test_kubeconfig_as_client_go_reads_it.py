@@ -265,3 +265,37 @@ def test_a_kubeconfig_of_countless_small_nodes_is_refused_in_bounded_time(tmp_pa
     path.write_bytes(b"a: b\n" + b"#" * kube.KUBECONFIG_MAX)
     with pytest.raises(kube.ConfigError, match="over"):
         kube.load_config(str(path))
+
+
+def test_kopf_connects_with_the_same_tls_context_and_impersonation(
+    serve: Callable[..., Loopback], service_account: ServiceAccount, tmp_path: Path
+) -> None:
+    """The operator's kopf login hands kopf the seam's TLS context (inline PEM from memory) and its
+    Impersonate-* fields: kopf's own aiohttp session is what reaches the server."""
+    import asyncio
+
+    import aiohttp
+
+    from fiar_operator.handlers import connection
+
+    clients = CertificateAuthority("client-ca")
+    (tmp_path / "client-ca.crt").write_bytes(clients.cert_pem)
+    server = serve(answered, tls=service_account.serving, client_ca=tmp_path / "client-ca.crt")
+    cluster = {
+        "server": server.url,
+        "certificate-authority-data": base64.b64encode(service_account.ca.read_bytes()).decode(),
+    }
+    user = {**pem_user(clients, tmp_path), "as": "jane", "as-groups": ["a", "b"]}
+    info = connection(kube.load_config(str(write(tmp_path / "config", cluster, user))))
+
+    async def get() -> int:
+        connector = aiohttp.TCPConnector(ssl=info.as_ssl_context())
+        async with (
+            aiohttp.ClientSession(connector=connector, headers=info.as_http_headers()) as session,
+            session.get(f"{server.url}/api/v1/nodes") as answer,
+        ):
+            return answer.status
+
+    assert asyncio.run(get()) == 200
+    groups = [v for k, v in server.seen[0].fields if k.lower() == "impersonate-group"]
+    assert groups == ["a", "b"] and server.seen[0].headers["Impersonate-User"] == "jane"
