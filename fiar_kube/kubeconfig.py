@@ -101,8 +101,8 @@ _HEADER_SAFE: Final = "!#$&'*+-.^_`|~"
 """Characters of a header name besides letters and digits that client-go leaves unescaped (not ``%``)."""
 
 
-def from_kubeconfig(path: str) -> Credentials:
-    """The current context of the kubeconfig ``path``: its cluster's server, CA (file or data), TLS
+def from_kubeconfig(path: str, context: str | None = None) -> Credentials:
+    """The current context (or ``context``) of the kubeconfig ``path``: its cluster's server, CA (file or data), TLS
     server name, insecure flag and proxy URL; its user's client certificate and key (files or data, the
     data kept in memory), token file and token, and whom it impersonates. Paths are relative to the
     kubeconfig's folder, as kubectl reads them. Users of other kinds (``exec``, ``auth-provider``, basic
@@ -114,17 +114,17 @@ def from_kubeconfig(path: str) -> Credentials:
     doc = _yaml(text)
     if not isinstance(doc, Mapping):
         raise NotLoaded("the kubeconfig is not a YAML mapping")
-    current = doc.get("current-context")
+    current = context or doc.get("current-context")
     if not current:
         raise NotLoaded("the kubeconfig names no current-context")
-    context = _named(doc, "contexts", current)
-    cluster = _named(doc, "clusters", context.get("cluster"))
+    chosen = _named(doc, "contexts", current)
+    cluster = _named(doc, "clusters", chosen.get("cluster"))
     user: Mapping[str, Any] = {}
-    if context.get("user"):
-        user = _named(doc, "users", context.get("user"))
+    if chosen.get("user"):
+        user = _named(doc, "users", chosen.get("user"))
     server = cluster.get("server")
     if not server:
-        raise NotLoaded(f"cluster {context.get('cluster')!r} has no server")
+        raise NotLoaded(f"cluster {chosen.get('cluster')!r} has no server")
     insecure = _flag(cluster, "insecure-skip-tls-verify")
     if insecure and (cluster.get("certificate-authority") or cluster.get("certificate-authority-data")):
         raise NotLoaded(
@@ -164,14 +164,15 @@ def from_kubeconfig(path: str) -> Credentials:
     return cfg
 
 
-def _kubeconfig(path: str | None) -> Any:
-    """``path`` (None: ``$KUBECONFIG``, else ``~/.kube/config``), by ``from_kubeconfig``, else by the
-    kubernetes package's loader (a user of another kind, or ``$KUBECONFIG`` naming several files)."""
+def _kubeconfig(path: str | None, context: str | None = None) -> Any:
+    """``path`` (None: ``$KUBECONFIG``, else ``~/.kube/config``; several files joined by ``os.pathsep``)
+    at its current context or ``context``, by ``from_kubeconfig``, else by the kubernetes package's
+    loader (a user of another kind, or several files to merge)."""
     chosen = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
     impersonate: tuple[tuple[str, str], ...] = ()
     if os.pathsep not in chosen:
         try:
-            return from_kubeconfig(os.path.expanduser(chosen))
+            return from_kubeconfig(os.path.expanduser(chosen), context)
         except NotLoaded as exc:
             if not exc.delegate:
                 raise
@@ -180,7 +181,7 @@ def _kubeconfig(path: str | None) -> Any:
 
     cfg = client.Configuration()
     cfg.no_proxy = None  # read from the process's environment by the client; ``proxy_for`` decides
-    config.load_kube_config(config_file=path, client_configuration=cfg)
+    config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
     cfg.impersonate = impersonate  # the kubernetes package does not impersonate: the client sends them
     return cfg
 
@@ -188,6 +189,7 @@ def _kubeconfig(path: str | None) -> Any:
 def load_config(
     kubeconfig: str | None,
     *,
+    context: str | None = None,
     default_kubeconfig: bool = False,
     environ: Mapping[str, str] | None = None,
     service_account: str = SERVICE_ACCOUNT,
@@ -196,17 +198,18 @@ def load_config(
     does not load): from ``kubeconfig`` when given, else the in-cluster service account
     (``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``service_account``'s token and CA), else, with
     ``default_kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``. ``ConfigError`` when none loads.
-    ``environ`` (default: the process's) is where those variables are read."""
+    ``environ`` (default: the process's) is where those variables are read; ``context`` picks a context
+    of the kubeconfig other than its current one."""
     try:
         if kubeconfig:
-            return _kubeconfig(kubeconfig)
+            return _kubeconfig(kubeconfig, context)
         try:
             return in_cluster(os.environ if environ is None else environ, service_account)
         except NotLoaded:
             if not default_kubeconfig:
                 raise
             default = None if environ is None else environ.get("KUBECONFIG", "~/.kube/config")
-            return _kubeconfig(default)
+            return _kubeconfig(default, context)
     except Exception as exc:  # NotLoaded, OSError, yaml errors, the kubernetes loader's errors
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
         if not kubeconfig and default_kubeconfig:

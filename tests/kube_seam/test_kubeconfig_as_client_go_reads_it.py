@@ -299,3 +299,21 @@ def test_kopf_connects_with_the_same_tls_context_and_impersonation(
     assert asyncio.run(get()) == 200
     groups = [v for k, v in server.seen[0].fields if k.lower() == "impersonate-group"]
     assert groups == ["a", "b"] and server.seen[0].headers["Impersonate-User"] == "jane"
+
+
+def test_kubectl_fiar_reads_its_kubeconfig_through_the_seam(tmp_path: Path) -> None:
+    """``kubectl fiar --context`` picks a context; a string flag there is refused as everywhere else."""
+    from kubectl_fiar import cli
+
+    doc = json.loads(write(tmp_path / "config", {"server": "https://127.0.0.1:1"}, {"token": "t"}).read_text())
+    doc["clusters"].append({"name": "d", "cluster": {"server": "https://10.0.0.1:6443"}})
+    doc["contexts"].append({"name": "other", "context": {"cluster": "d", "user": "u"}})
+    (tmp_path / "config").write_text(json.dumps(doc))
+    assert cli.load_config(str(tmp_path / "config"), "other").host == "https://10.0.0.1:6443"
+    assert cli.load_config(str(tmp_path / "config"), None).host == "https://127.0.0.1:1"
+    with pytest.raises(cli.CliError, match="nowhere"):
+        cli.load_config(str(tmp_path / "config"), "nowhere")
+    doc["clusters"][1]["cluster"]["insecure-skip-tls-verify"] = "false"
+    (tmp_path / "config").write_text(json.dumps(doc))
+    with pytest.raises(cli.CliError, match="not a YAML boolean"):
+        cli.load_config(str(tmp_path / "config"), "other")
