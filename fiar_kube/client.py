@@ -232,10 +232,10 @@ class Client:
             if alarm is not None and alarm.fired:
                 raise Unavailable(f"watch {path}: an event not ended within {read_timeout_s} s of its first byte")
             ended = True
-        except urllib3.exceptions.HTTPError:
-            if alarm is not None and alarm.fired:
-                exc = TimeoutError(f"an event not ended within {read_timeout_s} s of its first byte")
-            raise unavailable(f"watch {path}", exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            late = alarm is not None and alarm.fired
+            cause = TimeoutError(f"an event not ended within {read_timeout_s} s of its first byte") if late else exc
+            raise unavailable(f"watch {path}", cause) from exc
         finally:
             if alarm is not None:
                 alarm.cancel()

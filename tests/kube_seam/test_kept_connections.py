@@ -498,3 +498,11 @@ def test_an_idle_watch_is_kept_while_its_events_come_whole(scripted: Callable[..
     api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
     seen = [e["object"]["n"] for e in api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=0.5)]
     assert seen == [0, 1, 2]
+
+
+def test_a_watch_cut_inside_an_event_is_unavailable(scripted: Callable[..., Scripted]) -> None:
+    head = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n{"type": '
+    server = scripted(lambda _: head, close_after=lambda _: True)
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
+    with pytest.raises(kube.Unavailable, match="watch /api/v1/pods"):
+        list(api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=5))
