@@ -19,8 +19,6 @@ _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FORBIDDEN_IN_VALUE: Final = re.compile(rb"[\x00\r\n]")
 _TARGET: Final = re.compile(r"[\x21-\x7e]+")
 """A request target: visible ASCII only (no space, no control character, nothing past 0x7e)."""
-_VALUE: Final = re.compile(r"[^\x00\r\n\u0100-\U0010ffff]*")
-"""A header value this package writes: Latin-1 without CR, LF or NUL."""
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 """Request header fields: a mapping, or pairs (a name may repeat, as Impersonate-Group does)."""
@@ -37,9 +35,9 @@ def check_request(method: str, target: str, headers: Headers) -> list[tuple[str,
     if not _TARGET.fullmatch(target):
         raise Unsendable(f"{method} {target[:100]!r}: a request target must be visible ASCII (percent-encode it)")
     for name, value in fields:
-        if not _TOKEN.fullmatch(name.encode("latin-1", errors="replace")) or not name.isascii():
+        if not name.isascii() or not _TOKEN.fullmatch(name.encode("ascii")):
             raise Unsendable(f"{method} {target[:100]}: a header name that is not a token: {name[:40]!r}")
-        if not _VALUE.fullmatch(value):
+        if "\r" in value or "\n" in value or "\x00" in value or (not value.isascii() and max(value) > "\xff"):
             raise Unsendable(f"{method} {target[:100]}: header {name} has a line break, NUL or non-Latin-1 value")
     return fields
 
