@@ -13,7 +13,7 @@ from .deadline import WATCHDOG, Timeout, limits, within
 from .errors import MAX_ERROR_BODY, Unavailable, error_for, status_message, unavailable
 from .http1 import Broken, check_request
 from .lane import Lane
-from .pool import pool_manager
+from .pool import head_by, pool_manager
 from .watch import MAX_EVENT_BYTES, WatchLines
 
 if TYPE_CHECKING:
@@ -102,17 +102,19 @@ class Client:
             headers.add(name, value)
         try:
             limit = urllib3.Timeout(connect=within(connect_s, deadline), read=within(read_s, deadline))
-            return self._pool.request(  # type: ignore[no-any-return]
-                method,
-                url(self.configuration.host, path, query),
-                body=None if body is None else json.dumps(body).encode(),
-                headers=headers,
-                timeout=limit,
-                preload_content=False,
-                retries=False,
-            )
+            with head_by(deadline):
+                return self._pool.request(  # type: ignore[no-any-return]
+                    method,
+                    url(self.configuration.host, path, query),
+                    body=None if body is None else json.dumps(body).encode(),
+                    headers=headers,
+                    timeout=limit,
+                    preload_content=False,
+                    retries=False,
+                )
         except (urllib3.exceptions.HTTPError, TimeoutError) as exc:  # the API server is unreachable or slow
-            raise unavailable(f"{method} {path}", exc) from exc
+            late = deadline is not None and time.monotonic() >= deadline
+            raise unavailable(f"{method} {path}", TimeoutError("the request's time is up") if late else exc) from exc
 
     def request(
         self,

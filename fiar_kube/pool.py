@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+import socket
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
+from .deadline import WATCHDOG
 from .errors import ConfigError
 from .proxy import proxy_for
 from .tls import tls_context
@@ -39,7 +44,7 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
         args["socket_options"] = cfg.socket_options
     proxy = proxy_for(cfg, environ)
     if proxy is None:
-        return urllib3.PoolManager(**args)
+        return _timed(urllib3.PoolManager(**args))
     headers = getattr(cfg, "proxy_headers", None)
     if urlsplit(proxy).scheme.lower().startswith("socks"):
         try:
@@ -47,4 +52,57 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
         except ImportError as exc:  # PySocks is not installed
             raise ConfigError(f"the proxy {proxy} needs PySocks: {exc}") from exc
         return SOCKSProxyManager(proxy, headers=headers, **args)
-    return urllib3.ProxyManager(proxy, proxy_headers=headers, **args)
+    return _timed(urllib3.ProxyManager(proxy, proxy_headers=headers, **args))
+
+
+_HEAD_BY: ContextVar[float | None] = ContextVar("fiar_kube_head_by", default=None)
+
+
+@contextlib.contextmanager
+def head_by(deadline: float | None) -> Iterator[None]:
+    """Requests made inside have their answer's head read by ``deadline``: the watchdog shuts the
+    connection's socket down then (urllib3 bounds each read of the head, not the whole of it)."""
+    token = _HEAD_BY.set(deadline)
+    try:
+        yield
+    finally:
+        _HEAD_BY.reset(token)
+
+
+def _timed(manager: Any) -> Any:
+    manager.pool_classes_by_scheme = _timed_pools()
+    return manager
+
+
+@functools.cache
+def _timed_pools() -> dict[str, Any]:
+    """urllib3's pools, with connections whose answer's head is read under ``head_by``'s deadline."""
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    class TimedHead:
+        sock: Any
+
+        def getresponse(self) -> Any:
+            deadline, sock = _HEAD_BY.get(), self.sock
+            if deadline is None or sock is None:
+                return super().getresponse()  # type: ignore[misc]
+            alarm = WATCHDOG.arm(deadline, lambda: sock.shutdown(socket.SHUT_RDWR))
+            try:
+                return super().getresponse()  # type: ignore[misc]
+            finally:
+                alarm.cancel()
+
+    class TimedHTTPConnection(TimedHead, HTTPConnection):
+        pass
+
+    class TimedHTTPSConnection(TimedHead, HTTPSConnection):
+        pass
+
+    class TimedHTTPPool(HTTPConnectionPool):
+        ConnectionCls = TimedHTTPConnection
+
+    class TimedHTTPSPool(HTTPSConnectionPool):
+        ConnectionCls = TimedHTTPSConnection
+
+    return {"http": TimedHTTPPool, "https": TimedHTTPSPool}

@@ -131,7 +131,7 @@ KUBE_SEAM_ALLOWED: dict[str, set[str]] = {
     "http1": {"deadline", "errors"},
     "credentials": set(),
     "kubeconfig": {"credentials", "errors", "pem"},
-    "pool": {"errors", "proxy", "tls"},
+    "pool": {"deadline", "errors", "proxy", "tls"},
     "lane": {"deadline", "errors", "http1", "proxy", "tls"},
     "client": {"credentials", "deadline", "errors", "http1", "lane", "pool", "watch"},
     "__init__": {"backoff", "client", "credentials", "deadline", "errors", "http1", "kubeconfig", "lane"}

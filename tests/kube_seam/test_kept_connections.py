@@ -506,3 +506,18 @@ def test_a_watch_cut_inside_an_event_is_unavailable(scripted: Callable[..., Scri
     api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
     with pytest.raises(kube.Unavailable, match="watch /api/v1/pods"):
         list(api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=5))
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "urllib3"])
+def test_a_trickled_head_ends_by_the_requests_deadline(scripted: Callable[..., Scripted], lane: bool) -> None:
+    """The head itself written a byte every 50 ms (each read is answered, the head never ends)."""
+    stop = threading.Event()
+    server = scripted(trickling(stop, b"HTTP/1.1 200 OK\r\nX-Slow: "))
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={}, lane=lane)
+    started = time.monotonic()
+    try:
+        with pytest.raises(kube.Unavailable, match="TimeoutError"):
+            api.request("GET", "/api/v1/pods", timeout=(0.3, 0.5))
+        assert time.monotonic() - started < 3
+    finally:
+        stop.set()
