@@ -177,17 +177,18 @@ class Client:
         response = self._send(method, path, query, body, content_type, connect_s, read_s, deadline)
         ok = 200 <= response.status <= 299
         alarm = None if deadline is None else WATCHDOG.arm(deadline, response.shutdown)
+        late = False
         try:
             data = response.read() if ok else response.read(ERROR_READ)
         except urllib3.exceptions.HTTPError as exc:
-            raise unavailable(
-                f"{method} {path}", TimeoutError("the request's time is up") if alarm and alarm.fired else exc
-            ) from exc
+            late = alarm is not None and alarm.fired
+            raise unavailable(f"{method} {path}", TimeoutError("the request's time is up") if late else exc) from exc
         finally:
             if alarm is not None:
                 alarm.cancel()
-            response.release_conn() if ok and not (alarm and alarm.fired) else response.close()
-        if alarm is not None and alarm.fired:  # a body without framing, cut short by the deadline
+                late = alarm.fired or (deadline is not None and time.monotonic() >= deadline)
+            response.release_conn() if ok and not late else response.close()
+        if late:  # a body without framing, cut short by the deadline
             raise unavailable(f"{method} {path}", TimeoutError("the request's time is up"))
         return response.status, response.reason or "", data
 

@@ -89,9 +89,12 @@ def _timed_pools() -> dict[str, Any]:
                 return super().getresponse()  # type: ignore[misc]
             alarm = WATCHDOG.arm(deadline, lambda: sock.shutdown(socket.SHUT_RDWR))
             try:
-                return super().getresponse()  # type: ignore[misc]
+                response = super().getresponse()  # type: ignore[misc]
             finally:
                 alarm.cancel()
+            if alarm.fired:  # http.client reads the end of a connection as the end of the head
+                raise TimeoutError("the answer's head did not end by the request's deadline")
+            return response
 
     class TimedHTTPConnection(TimedHead, HTTPConnection):
         pass
