@@ -18,7 +18,8 @@ ARG UBUNTU=ubuntu24.04
 FROM ${PYTHON_BASE} AS operator-build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
+COPY pyproject.toml README.md fiar_contract.py ./
+COPY fiar_kube ./fiar_kube
 COPY operator ./operator
 COPY node_agent ./node_agent
 COPY kubectl_fiar ./kubectl_fiar
@@ -66,7 +67,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev ninja-build \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md fiar_contract.py fiar_kube.py ./
+COPY pyproject.toml README.md fiar_contract.py ./
+COPY fiar_kube ./fiar_kube
 COPY operator ./operator
 COPY node_agent ./node_agent
 COPY kubectl_fiar ./kubectl_fiar

@@ -56,7 +56,7 @@ down: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check operator node_agent kubectl_fiar tools fiar_contract.py fiar_kube.py
+	$(VENV)/bin/ruff format --check operator node_agent kubectl_fiar tools fiar_contract.py fiar_kube
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -38,17 +38,14 @@ class CliError(Exception):
 
 def load_config(kubeconfig: str | None, context: str | None) -> Any:
     """kubectl's order: ``--kubeconfig``, else ``$KUBECONFIG`` (a list of files), else ``~/.kube/config``,
-    else the in-cluster service account; ``--context`` picks a context of the kubeconfig."""
-    from kubernetes import client, config
-
+    else the in-cluster service account; ``--context`` picks a context of the kubeconfig. Read by the
+    seam as client-go reads it (``fiar_kube.load_config``)."""
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(path):
-        cfg = client.Configuration()
         try:
-            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
-        except Exception as exc:  # ConfigException, OSError, yaml errors
-            raise CliError(f"cannot load kubeconfig {path}: {model.clean(str(exc), 300)}") from exc
-        return cfg
+            return kube.load_config(path, context=context)
+        except kube.ConfigError as exc:
+            raise CliError(model.clean(str(exc), 300)) from exc
     try:
         return kube.load_config(None)
     except kube.ConfigError as exc:

@@ -8,10 +8,13 @@ namespace a second time, keep a copy of each and log a line per object (docs/ope
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import ssl
 from typing import Any
 
 import kopf
+from multidict import CIMultiDict
 
 import fiar_kube
 from fiar_operator.runtime import Runtime
@@ -24,21 +27,40 @@ def _runtime(memo: kopf.Memo) -> Runtime:
     return runtime
 
 
-@kopf.on.login()
-def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    """kopf uses the same credentials as the operator's own client (--kubeconfig or in-cluster)."""
-    cfg = _runtime(memo).kube.configuration
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeamConnection(kopf.ConnectionInfo):
+    """kopf's connection with the seam's own TLS context (``fiar_kube.tls_context``: a CA and client
+    certificate from files or held in memory, never written out) and its Impersonate-* fields."""
+
+    configuration: Any = dataclasses.field(default=None, compare=False, hash=False)
+
+    def as_ssl_context(self) -> ssl.SSLContext:
+        return fiar_kube.tls_context(self.configuration)
+
+    def as_http_headers(self) -> CIMultiDict[str]:  # type: ignore[override]  # Impersonate-Group repeats
+        headers = CIMultiDict(super().as_http_headers())
+        for name, value in fiar_kube.impersonation(self.configuration):
+            headers.add(name, value)
+        return headers
+
+
+def connection(cfg: Any) -> kopf.ConnectionInfo:
+    """kopf's connection of the operator's own credentials (--kubeconfig or in-cluster)."""
     header = fiar_kube.authorization(cfg) or ""
     scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
-    return kopf.ConnectionInfo(
+    return SeamConnection(
         server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
         insecure=not cfg.verify_ssl,
         scheme=scheme or None,
         token=token or None,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
+        configuration=cfg,
     )
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf uses the same credentials as the operator's own client (--kubeconfig or in-cluster)."""
+    return connection(_runtime(memo).kube.configuration)
 
 
 @kopf.on.startup()

@@ -27,6 +27,8 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    fields: list[tuple[str, str]] = field(default_factory=list)
+    """Every header field as received, repeated names included."""
 
 
 @dataclass
@@ -51,7 +53,7 @@ class _Server(ThreadingHTTPServer):
 class Loopback:
     """A threaded HTTP/1.1 server on 127.0.0.1; ``tls`` serves HTTPS with a certificate for 127.0.0.1."""
 
-    def __init__(self, script: Script, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, script: Script, tls: tuple[Path, Path] | None = None, client_ca: Path | None = None) -> None:
         self.script = script
         self.seen: list[Seen] = []
         outer = self
@@ -64,7 +66,8 @@ class Loopback:
 
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                seen = Seen(self.command, self.path, dict(self.headers.items()), self.rfile.read(length))
+                headers = dict(self.headers.items())
+                seen = Seen(self.command, self.path, headers, self.rfile.read(length), list(self.headers.items()))
                 outer.seen.append(seen)
                 answer = outer.script(seen)
                 self.send_response(answer.status)
@@ -89,6 +92,9 @@ class Loopback:
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(tls[0]), str(tls[1]))
+            if client_ca is not None:  # a client certificate this CA signed is required
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(str(client_ca))
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -111,8 +117,8 @@ class Loopback:
 def serve() -> Iterator[Callable[..., Loopback]]:
     started: list[Loopback] = []
 
-    def start(script: Script, tls: tuple[Path, Path] | None = None) -> Loopback:
-        server = Loopback(script, tls)
+    def start(script: Script, tls: tuple[Path, Path] | None = None, client_ca: Path | None = None) -> Loopback:
+        server = Loopback(script, tls, client_ca)
         started.append(server)
         return server
 

@@ -376,3 +376,148 @@ def test_a_certificate_naming_the_server_only_in_its_common_name_is_refused(tmp_
     finally:
         listener.close()
         thread.join(5)
+
+
+# -- read strictly (RFC 9112) ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field",
+    [b"Content-Length : 2", b"Content-Length\t: 2", b"Bad Name: x", b"B@d: x", b"\xc3\xa9: x", b" folded: x", b": x"],
+    ids=["space-before-colon", "tab-before-colon", "space-in-name", "not-a-token", "non-ascii", "folded", "empty"],
+)
+def test_a_header_field_not_written_as_rfc_9112_asks_is_unavailable(
+    scripted: Callable[..., Scripted], field: bytes
+) -> None:
+    server = scripted(lambda _: b"HTTP/1.1 200 OK\r\n" + field + b"\r\nContent-Length: 2\r\n\r\n{}", lambda _: True)
+    with pytest.raises(kube.Unavailable, match="not a header field"):
+        client(server.url).request("GET", "/api/v1/nodes", timeout=5.0)
+
+
+def test_an_answer_framed_by_both_transfer_encoding_and_content_length_closes_its_connection(
+    scripted: Callable[..., Scripted],
+) -> None:
+    """RFC 9112, 6.3: read by Transfer-Encoding; the connection is not used again (the bytes Content-
+    Length would have framed differently may be a smuggled answer)."""
+    answer = chunked({"kind": "Node"}, 4).replace(b"Transfer-Encoding", b"Content-Length: 3\r\nTransfer-Encoding")
+    server = scripted(lambda _: answer)
+    api = client(server.url)
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert api.request("GET", "/api/v1/nodes/a") == {"kind": "Node"}
+    assert len(server.peers) == 2
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "urllib3"])
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/api/v1/namespaces/\u00e4", {}),
+        ("/api/v1/namespaces/\u4e2d", {}),
+        ("/api/v1/namespaces/a b", {}),
+        ("/api/v1/nodes", {"X-Note": "\u4e2d"}),
+        ("/api/v1/nodes", {"X-Note": "a\r\nInjected: 1"}),
+        ("/api/v1/nodes", {"Bad Name": "x"}),
+    ],
+    ids=["latin-1-path", "cjk-path", "space", "cjk-value", "crlf-value", "bad-name"],
+)
+def test_a_request_that_cannot_be_written_is_unsendable_and_nothing_is_sent(
+    scripted: Callable[..., Scripted], path: str, headers: dict[str, str], lane: bool
+) -> None:
+    server = scripted(lambda _: framed({}))
+    cfg = kube.Credentials(server.url)
+    cfg.impersonate = tuple(headers.items())
+    with pytest.raises(kube.Unsendable) as raised:
+        kube.Client(cfg, user_agent="t", environ={}, lane=lane).request("GET", path)
+    assert isinstance(raised.value, kube.Rejected) and raised.value.status is None
+    assert not server.requests
+    if lane:
+        with pytest.raises(kube.Unsendable):
+            kube.Lane(cfg, 1).request("GET", path, headers, None, 5.0, kube.ERROR_READ)
+
+
+# -- every request by its deadline ---------------------------------------------------------------------
+def trickling(stop: threading.Event, head: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n") -> Reply:
+    def reply(_: bytes) -> Callable[[socket.socket], None]:
+        def write(conn: socket.socket) -> None:
+            conn.sendall(head)
+            while not stop.wait(0.05):
+                conn.sendall(b" ")
+
+        return write
+
+    return reply
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "urllib3"])
+def test_a_connect_and_read_timeout_bounds_the_whole_request(scripted: Callable[..., Scripted], lane: bool) -> None:
+    """(connect, read) as the LIST pager passes them: a byte every 50 ms satisfies every read, but the
+    whole exchange ends by their sum."""
+    stop = threading.Event()
+    server = scripted(trickling(stop))
+    cfg = kube.Credentials(server.url)
+    api = kube.Client(cfg, user_agent="t", environ={}, lane=lane)
+    started = time.monotonic()
+    try:
+        with pytest.raises(kube.Unavailable, match="TimeoutError"):
+            api.request("GET", "/api/v1/pods", timeout=(0.3, 0.5))
+        assert time.monotonic() - started < 3
+    finally:
+        stop.set()
+
+
+def test_a_watch_event_that_never_ends_is_unavailable_within_the_read_timeout(
+    scripted: Callable[..., Scripted],
+) -> None:
+    """A watch may stay idle as long as its read timeout, but an event once begun must end within as long."""
+    stop = threading.Event()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n{"
+    server = scripted(trickling(stop, head))
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
+    started = time.monotonic()
+    try:
+        with pytest.raises(kube.Unavailable, match="not ended within"):
+            list(api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=0.5))
+        assert time.monotonic() - started < 3
+    finally:
+        stop.set()
+
+
+def test_an_idle_watch_is_kept_while_its_events_come_whole(scripted: Callable[..., Scripted]) -> None:
+    """Events written whole, apart by more than the read timeout's half, pass: only a begun line is timed."""
+
+    def events(_: bytes) -> Callable[[socket.socket], None]:
+        def write(conn: socket.socket) -> None:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(3):
+                time.sleep(0.3)
+                line = json.dumps({"type": "ADDED", "object": {"n": i}}).encode() + b"\n"
+                conn.sendall(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            conn.sendall(b"0\r\n\r\n")
+
+        return write
+
+    server = scripted(events, close_after=lambda _: True)
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
+    seen = [e["object"]["n"] for e in api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=0.5)]
+    assert seen == [0, 1, 2]
+
+
+def test_a_watch_cut_inside_an_event_is_unavailable(scripted: Callable[..., Scripted]) -> None:
+    head = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n{"type": '
+    server = scripted(lambda _: head, close_after=lambda _: True)
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={})
+    with pytest.raises(kube.Unavailable, match="watch /api/v1/pods"):
+        list(api.stream("/api/v1/pods", {"watch": "true"}, read_timeout_s=5))
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "urllib3"])
+def test_a_trickled_head_ends_by_the_requests_deadline(scripted: Callable[..., Scripted], lane: bool) -> None:
+    """The head itself written a byte every 50 ms (each read is answered, the head never ends)."""
+    stop = threading.Event()
+    server = scripted(trickling(stop, b"HTTP/1.1 200 OK\r\nX-Slow: "))
+    api = kube.Client(kube.Credentials(server.url), user_agent="t", environ={}, lane=lane)
+    started = time.monotonic()
+    try:
+        with pytest.raises(kube.Unavailable, match="TimeoutError"):
+            api.request("GET", "/api/v1/pods", timeout=(0.3, 0.5))
+        assert time.monotonic() - started < 3
+    finally:
+        stop.set()

@@ -203,3 +203,39 @@ def test_a_kubeconfig_that_names_no_usable_context_is_a_configuration_error(tmp_
         path.write_text(text)
         with pytest.raises(kube.ConfigError, match=message):
             kube.load_config(str(path))
+
+
+def test_the_api_server_acts_as_the_impersonated_user_and_groups(plane_a: ControlPlane, tmp_path: Path) -> None:
+    """The admin's kubeconfig with ``as``: the API server answers as that user, with the groups of
+    ``as-groups`` (one Impersonate-Group each), on the lane and through urllib3; a user the kubernetes
+    package loads (an exec plugin) is impersonated too (that package drops ``as``: before, its requests
+    went out as the admin)."""
+    assert plane_a.ca is not None
+    crt, key = plane_a.ca.issue("admin-as", organizations=("system:masters",), client=True).write(tmp_path, "admin")
+    admin = {"client-certificate": str(crt), "client-key": str(key)}
+    jane = kubeconfig_of(plane_a, tmp_path / "jane", {**admin, "as": "jane"})
+    masters = kubeconfig_of(
+        plane_a, tmp_path / "masters", {**admin, "as": "jane", "as-groups": ["x", "system:masters"]}
+    )
+    for lane in (True, False):
+        with pytest.raises(kube.Forbidden, match='User "jane" cannot list'):
+            kube.Client(kube.load_config(str(jane)), user_agent="t", lane=lane).request("GET", "/api/v1/nodes")
+        api = kube.Client(kube.load_config(str(masters)), user_agent="t", lane=lane)
+        assert api.request("GET", "/api/v1/nodes")["kind"] == "NodeList"
+        review = api.request(
+            "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body={"kind": "SelfSubjectReview"}
+        )
+        info = review["status"]["userInfo"]
+        assert info["username"] == "jane" and {"x", "system:masters"} <= set(info["groups"])
+
+    namespace = plane_a.create_namespace(f"seam-{uuid.uuid4().hex[:8]}")
+    with plane_a.api_client() as api_client:
+        client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": "plain"}})
+    token = plane_a.service_account_token(namespace, "plain")
+    plugin = tmp_path / "plugin.py"
+    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", "status": {"token": token}}
+    plugin.write_text(f"print({json.dumps(json.dumps(credential))})\n")
+    command = {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(plugin)]}
+    execs = kubeconfig_of(plane_a, tmp_path / "exec", {"exec": {**command, "interactiveMode": "Never"}, "as": "jane"})
+    with pytest.raises(kube.Forbidden, match="cannot impersonate"):  # the service account may not impersonate
+        kube.Client(kube.load_config(str(execs)), user_agent="t").request("GET", "/api/v1/nodes")

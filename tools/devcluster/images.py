@@ -41,7 +41,7 @@ DOCKERFILE_CONTEXT = (
     "pyproject.toml",
     "README.md",
     "fiar_contract.py",
-    "fiar_kube.py",
+    "fiar_kube",
     "operator",
     "node_agent",
     "kubectl_fiar",
