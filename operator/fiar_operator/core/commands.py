@@ -656,7 +656,7 @@ def _additional(
 
 
 # -- options the decision reads (``options``) ---------------------------------------------------------
-MAX_SCRIPT: Final = 16384
+MAX_OPTION_SCRIPT: Final = 16384
 """Longest shell string whose vLLM options are read; a longer one's are unreadable."""
 _SHELL_OPERATORS: Final = frozenset({";", "&&", "||", "|", "&", "\n"})
 
@@ -664,7 +664,7 @@ _SHELL_OPERATORS: Final = frozenset({";", "&&", "||", "|", "&", "\n"})
 def _script_arguments(script: str) -> list[str] | None:
     """The arguments after ``vllm serve`` in a shell string, split as the shell would split its words
     (up to the next operator); None where it cannot be split."""
-    if len(script) > MAX_SCRIPT:
+    if len(script) > MAX_OPTION_SCRIPT:
         return None
     try:
         lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")

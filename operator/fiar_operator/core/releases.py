@@ -98,6 +98,7 @@ def model_level_callers(release: str | None) -> tuple[str, ...]:
     line = line_of(release)
     return MODEL_LEVEL_CALLERS.get(line, (MODEL_LEVEL_OPS,)) if line is not None else (MODEL_LEVEL_OPS,)
 
+
 _RELEASE: Final = re.compile(r"^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:$|[-+._])")
 _IMAGE_REPOSITORIES: Final = ("vllm-openai", "vllm")
 """The last path component of the image repositories whose tag is the vLLM release."""

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from fiar_operator.core import commands, limits, names, policy, releases, selectors
+from fiar_operator.core import commands, limits, names, options, policy, releases, selectors, sglang
 from fiar_operator.core.commands import plan_command
 
-MODULES: tuple[ModuleType, ...] = (commands, limits, names, policy, releases, selectors)
+MODULES: tuple[ModuleType, ...] = (commands, limits, names, options, policy, releases, selectors, sglang)
 """The modules whose code reads a pod's (or a policy's) text."""
 BOUND_S = 3.0
 """Per search at MAX_CHARACTERS; a linear scan takes 5-50 ms, the old eval pattern about 35 min."""
