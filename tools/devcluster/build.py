@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,8 +168,9 @@ def build_tool(tool: Tool, log: TextLog) -> None:
         return
     require_tools()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".partial"
-    tmp.mkdir(exist_ok=True)
+    # A folder of this build's own: two builds of one tool at once (two checkouts sharing the cache)
+    # each write their own, and the last rename wins with an identical binary.
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
     env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOWORK="off", GOFLAGS="-mod=readonly")
     log(f"{tool.name} {tool.version()}: building {', '.join(todo)} (cold builds take minutes)...")
     start = time.monotonic()
@@ -176,6 +178,7 @@ def build_tool(tool: Tool, log: TextLog) -> None:
     cmd = ["go", "build", "-trimpath", "-ldflags", _ldflags(tool), "-o", f"{tmp}/", *packages]
     proc = subprocess.run(cmd, cwd=MODULES_DIR / tool.name, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise BuildError(f"building {tool.name} failed:\n{proc.stderr[-4000:]}")
     for binary, pkg in zip(tool.binaries, tool.packages, strict=True):
         if binary not in todo:
