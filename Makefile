@@ -8,7 +8,7 @@ export PYTHONPATH := $(CURDIR)/tools
 .PHONY: venv controlplane realnode-deps browser-deps realnode demo up down test lint typecheck check clean
 
 # Debian packages of tier D (a real kubelet node, and images built without Docker).
-REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap
+REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap qemu-user-static arch-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
