@@ -5,10 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)/tools
 
-.PHONY: venv controlplane realnode-deps browser-deps realnode demo up down test lint typecheck check clean
+.PHONY: venv controlplane realnode-deps browser-deps realnode images demo up down test lint typecheck check clean
 
 # Debian packages of tier D (a real kubelet node, and images built without Docker).
-REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap
+REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap qemu-user-static arch-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ browser-deps:  ## install headless Chromium when root with apt-get (else the HTM
 
 realnode: controlplane realnode-deps  ## tier D: the kubelet and the images (operator, agent-sim, vLLM stand-in, pause), cached
 	$(PY) -m devcluster build --realnode
+
+images: venv realnode-deps  ## the images: operator and agent-sim for amd64 and arm64 (one OCI index each), stand-in, pause (cached)
+	$(PY) -m devcluster build --images
 
 demo: controlplane  ## the local demo: control plane, agents on fake GPU nodes, operator, vLLM pods
 	$(PY) -m devcluster demo

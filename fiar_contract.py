@@ -7,6 +7,7 @@ for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -71,6 +72,51 @@ ANNOTATION_PROBE_REPORT: Final = "fiar.io/probe-report"
 """Versioned JSON report of the last probe (written by the agent)."""
 ANNOTATION_REPROBE: Final = "fiar.io/reprobe"
 """Set by an admin to ask the agent for a new probe; the agent clears it."""
+
+# -- The probe report (fiar.io/probe-report): one host format, written by the agent, read by kubectl fiar ---
+PROBE_REPORT_SCHEMA: Final = "fiar.io/probe-report"
+PROBE_REPORT_VERSION: Final = 1
+PROBE_REPORT_MAX_READ_CHARS: Final = 256 * 1024
+"""A longer report is not read at all (the API server's budget for all annotations of an object)."""
+PROBE_REPORT_SHAPES: Final[Mapping[str, type]] = {
+    "labels": dict,
+    "tests": dict,
+    "policy": dict,
+    "inventory": dict,
+    "versions": dict,
+    "benchmark": dict,
+    "reasons": list,
+    "fingerprint": str,
+    "probe_time": str,
+}
+"""The JSON type of each top-level key the report may hold (absent or null is allowed)."""
+
+
+def parse_probe_report(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(report, None), or (None, why it is not one, in bounded words); never raises, whatever the text.
+
+    The one reading of the host format: the agent reads its previous report through it, and
+    ``kubectl fiar`` the report it shows. A report too large, not JSON, nested too deeply, of another
+    schema or version, or with a top-level key of the wrong type is no report.
+    """
+    if not text:
+        return None, "no probe report"
+    if len(text) > PROBE_REPORT_MAX_READ_CHARS:
+        return None, f"probe report of {len(text)} characters, over the {PROBE_REPORT_MAX_READ_CHARS} read limit"
+    try:
+        doc = json.loads(text)
+    except Exception as exc:  # ValueError, RecursionError (deep nesting), MemoryError, ...
+        return None, f"probe report is not JSON ({type(exc).__name__})"
+    if not isinstance(doc, dict):
+        return None, f"probe report is a JSON {type(doc).__name__}, not an object"
+    if doc.get("schema") != PROBE_REPORT_SCHEMA or doc.get("version") != PROBE_REPORT_VERSION:
+        schema, version = (json.dumps(doc.get(k), default=str)[:60] for k in ("schema", "version"))
+        return None, f"probe report of schema {schema} version {version}"
+    for key, kind in PROBE_REPORT_SHAPES.items():
+        if doc.get(key) is not None and not isinstance(doc[key], kind):
+            return None, f"probe report's {key} is a {type(doc[key]).__name__}, not a {kind.__name__}"
+    return doc, None
+
 
 # -- Node condition, written by the agent on its own Node's status only ---------------------------------
 CONDITION_VERIFIED: Final = "FiarAllreduceVerified"
@@ -232,3 +278,11 @@ VERSION: Final = "v1alpha1"
 PLURAL: Final = "fiallreducepolicies"
 KIND: Final = "FiAllreducePolicy"
 SHORT_NAME: Final = "fiarp"
+
+# -- Images ---------------------------------------------------------------------------------------------
+LABEL_ARCH: Final = "kubernetes.io/arch"
+"""The kubelet's label of a node's CPU architecture (Go's GOARCH: ``amd64``, ``arm64``); read, never written."""
+IMAGE_ARCHITECTURES: Final = ("amd64", "arm64")
+"""The CPU architectures every fiar image (operator, agent, agent-sim) is built for, each image one
+multi-architecture index: tools/devcluster/images.py builds these, the chart's ``architectures`` defaults
+to them, and ``kubectl fiar status`` says "no agent for arch X" of a GPU node of any other."""

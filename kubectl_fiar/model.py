@@ -22,14 +22,10 @@ from typing import Any, Final
 
 import fiar_contract as contract
 
-MAX_REPORT_CHARS: Final = 256 * 1024
-"""A longer probe report is not parsed (the API server's budget for all annotations of an object)."""
 MAX_DECISION_CHARS: Final = 4096
 """A longer ``fiar.io/decision`` is not parsed (the operator writes about 200 characters)."""
 MAX_TEXT: Final = 160
 """Characters of one untrusted string shown."""
-REPORT_SCHEMA: Final = "fiar.io/probe-report"
-REPORT_VERSION: Final = 1
 GPU_PRESENT: Final = "nvidia.com/gpu.present"
 GPU_PRODUCT: Final = "nvidia.com/gpu.product"
 UNPROBED: Final = "unprobed"
@@ -95,27 +91,8 @@ def _str_map(raw: object) -> dict[str, str]:
 
 # -- the probe report ------------------------------------------------------------------------------
 def parse_report(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None) or (None, why it is not one): the agent's own rule (``node_agent.report.parse``)."""
-    if not text:
-        return None, "no probe report"
-    if len(text) > MAX_REPORT_CHARS:
-        return None, f"probe report of {len(text)} characters, over the {MAX_REPORT_CHARS} read limit"
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return None, f"probe report is not JSON ({type(exc).__name__})"
-    if not isinstance(doc, dict):
-        return None, f"probe report is a JSON {type(doc).__name__}, not an object"
-    if doc.get("schema") != REPORT_SCHEMA or doc.get("version") != REPORT_VERSION:
-        return (
-            None,
-            f"probe report of schema {clean(doc.get('schema'), 60)!r} version {clean(doc.get('version'), 20)!r}",
-        )
-    shapes = {"labels": dict, "tests": dict, "policy": dict, "inventory": dict, "reasons": list, "probe_time": str}
-    for key, kind in shapes.items():
-        if doc.get(key) is not None and not isinstance(doc[key], kind):
-            return None, f"probe report's {key} is a {type(doc[key]).__name__}, not a {kind.__name__}"
-    return doc, None
+    """(report, None) or (None, why it is not one): the agent's own reading (``fiar_contract.parse_probe_report``)."""
+    return contract.parse_probe_report(text)
 
 
 @dataclass(frozen=True)
@@ -289,12 +266,21 @@ def _label(labels: Mapping[str, str], key: str, allowed: Sequence[str]) -> str:
     return raw if raw in allowed else INVALID
 
 
-def _verdict_reason(verdict: str, report: ReportView | None, problem: str | None) -> str:
+def no_agent_arch(labels: Mapping[str, str]) -> str | None:
+    """The node's architecture when fiar ships no image for it (its agent never runs there), else None."""
+    arch = labels.get(contract.LABEL_ARCH)
+    return None if arch is None or arch in contract.IMAGE_ARCHITECTURES else clean(arch, 20)
+
+
+def _verdict_reason(verdict: str, report: ReportView | None, problem: str | None, arch: str | None = None) -> str:
     if verdict == UNPROBED:
         if report is not None and report.reasons:
             return f"no verdict yet: {report.reasons[-1]}"
         if problem is not None and problem != "no probe report":
             return f"no verdict yet, and {problem}"
+        if arch is not None:
+            shipped = ", ".join(contract.IMAGE_ARCHITECTURES)
+            return f"no agent for arch {arch}: fiar's images exist for {shipped} only"
         return "no verdict yet: no fiar agent has probed this node"
     if verdict == INVALID:
         return "fiar.io/backend holds a value that is not a verdict: pods get the fallback here"
@@ -362,7 +348,7 @@ def node_record(node: Mapping[str, Any], *, keep_report: bool = False) -> NodeVi
         clique=clean(labels.get(contract.LABEL_CLIQUE) or labels.get(contract.LABEL_GFD_CLIQUE) or "-", 80),
         probe_time=probe_time,
         status=report.status or "-" if report is not None else "-",
-        reason=_verdict_reason(verdict, report, problem),
+        reason=_verdict_reason(verdict, report, problem, no_agent_arch(labels)),
         report_problem=problem if (doc is None and (verdict != UNPROBED or problem != "no probe report")) else None,
         condition=f"{clean(cond.get('status'), 10)} ({clean(cond.get('reason'), 40)})" if cond is not None else "-",
         condition_differs=cond is not None and cond.get("status") != expected,

@@ -45,10 +45,10 @@ from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SHARED_GPU_MARK, SmokeOutcome
 from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
 
-SCHEMA = "fiar.io/probe-report"
-VERSION = 1
+SCHEMA = contract.PROBE_REPORT_SCHEMA
+VERSION = contract.PROBE_REPORT_VERSION
 MAX_BYTES = 64 * 1024
-MAX_READ_BYTES = 256 * 1024
+MAX_READ_BYTES = contract.PROBE_REPORT_MAX_READ_CHARS
 """A longer annotation is not read at all (the API server's budget for all annotations of an object)."""
 
 _ALLOWED_VALUES: dict[str, tuple[str, ...]] = {
@@ -129,24 +129,9 @@ def dumps(report: Mapping[str, Any]) -> str:
 
 
 def parse(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None), or (None, why it is not one); never raises, whatever the text."""
-    if not text:
-        return None, "no report"
-    if len(text) > MAX_READ_BYTES:
-        return None, f"{len(text)} characters, over the {MAX_READ_BYTES} read limit"
-    try:
-        doc = json.loads(text)
-    except Exception as exc:  # ValueError, RecursionError (deep nesting), MemoryError, ...
-        return None, f"not JSON ({type(exc).__name__})"
-    if not isinstance(doc, dict):
-        return None, f"a JSON {type(doc).__name__}, not an object"
-    if doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
-        return None, f"schema {str(doc.get('schema'))[:60]!r} version {str(doc.get('version'))[:20]!r}"
-    shapes = {"labels": dict, "tests": dict, "policy": dict, "fingerprint": str, "probe_time": str}
-    for key, kind in shapes.items():
-        if doc.get(key) is not None and not isinstance(doc[key], kind):
-            return None, f"{key} is a {type(doc[key]).__name__}, not a {kind.__name__}"
-    return doc, None
+    """(report, None), or (None, why it is not one); never raises, whatever the text (the contract's reading,
+    the same ``kubectl fiar`` does)."""
+    return contract.parse_probe_report(text)
 
 
 def loads(text: str | None) -> dict[str, Any] | None:

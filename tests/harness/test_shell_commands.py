@@ -89,6 +89,9 @@ def test_demo_labels_every_fake_gpu_node_and_decides_every_vllm_pod(controlplane
         assert rows["h100x8-nvswitch-fabric-manager-down"][2] == "broken"
         assert rows["h100x8-nvswitch-fabric-manager-down"][5] == "trtllm"
         assert rows["h100x8-nvswitch-fabric-manager-down"][7:] == ["trtllm", "on", "on", "Verified"]
+        # the GB200 tray's node is a Grace (arm64) node, the x86 hosts' amd64
+        assert "node gb200-nvl72-clique (arm64): agent started" in demo.stdout
+        assert "node h200x2-host (amd64): agent started" in demo.stdout
         # the kubectl fiar command printed next to the table shows the same fleet
         printed = next(line for line in demo.stdout.splitlines() if " fiar status --kubeconfig " in line)
         shown = subprocess.run(printed.strip(), shell=True, capture_output=True, text=True, timeout=60)

@@ -2,6 +2,7 @@
 
 python -m devcluster build            # compile the pinned binaries into the cache (once)
 python -m devcluster build --realnode # and the kubelet and images of tier D (a real node)
+python -m devcluster build --images   # only the images: operator and agent-sim for amd64 and arm64, cached
 python -m devcluster build kyverno    # only Kyverno (bench/kyverno_peer.py; never built otherwise)
 python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
 python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the control-plane binaries")
     b.add_argument("--realnode", action="store_true", help="also the kubelet and the images of tier D")
+    b.add_argument(
+        "--images", action="store_true", help="only the images (operator, agent-sim: one index for amd64 and arm64)"
+    )
     b.add_argument("tools", nargs="*", help="only these: " + ", ".join(dict.fromkeys(t.name for t in build.TOOLS)))
     up = sub.add_parser("up", help="start the control plane and return")
     up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
@@ -136,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         one.add_argument("name", help="component, e.g. fiar-operator or agent-<node>")
     args = parser.parse_args(argv)
     try:
+        if args.cmd == "build" and args.images:
+            from devcluster import realnode
+
+            return realnode.images_cli()
         if args.cmd == "build":
             build.build_all(args.tools or None, realnode=args.realnode)
             if args.realnode:

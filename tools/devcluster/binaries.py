@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,10 +41,13 @@ def kubectl(
 
 
 def set_args(values: Mapping[str, Any]) -> list[str]:
-    """``--set``/``--set-string`` arguments: strings stay strings, numbers and booleans are typed."""
+    """``--set``/``--set-string`` arguments: strings stay strings, numbers and booleans are typed, lists and
+    maps go whole (``--set-json``)."""
     out: list[str] = []
     for key, value in values.items():
-        if isinstance(value, str):
+        if isinstance(value, (list, dict)):
+            out += ["--set-json", f"{key}={json.dumps(value)}"]
+        elif isinstance(value, str):
             out += ["--set-string", f"{key}={value}"]
         else:
             out += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]

@@ -358,7 +358,14 @@ class ControlPlane:
             "kind": "Node",
             "metadata": {
                 "name": name,
-                "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
+                # The labels every kubelet sets on its own node (an x86 node unless ``labels`` says otherwise).
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/arch": "amd64",
+                    "kubernetes.io/os": "linux",
+                    "type": "kwok",
+                    **(labels or {}),
+                },
                 "annotations": {"kwok.x-k8s.io/node": "fake", **(annotations or {})},
             },
             "spec": {"taints": taints or []},

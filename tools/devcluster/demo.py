@@ -45,12 +45,24 @@ def gpu_count(fixture: Path) -> int:
     return len(json.loads(fixture.read_text()).get("gpus") or [])
 
 
+GRACE_GPU_PREFIXES = ("NVIDIA GB", "NVIDIA GH")
+"""GPUs of a Grace superchip (GB200, GB300, GH200): their node's CPUs are Grace, ``kubernetes.io/arch=arm64``."""
+
+
+def node_arch(fixture: Path) -> str:
+    """The CPU architecture of the fixture's host: arm64 beside Grace superchips, amd64 otherwise."""
+    gpus = json.loads(fixture.read_text()).get("gpus") or []
+    grace = gpus and all(str(g.get("name", "")).startswith(GRACE_GPU_PREFIXES) for g in gpus)
+    return "arm64" if grace else "amd64"
+
+
 def start_agents(plane: ControlPlane, fixtures: list[Path]) -> None:
     for fixture in fixtures:
         node = node_name(fixture)
+        arch = node_arch(fixture)
         plane.add_node(
             node,
-            labels=dict(workloads.GPU_PRESENT),
+            labels={**workloads.GPU_PRESENT, contract.LABEL_ARCH: arch},
             capacity={"nvidia.com/gpu": str(max(gpu_count(fixture), 1))},
             taints=[dict(workloads.GPU_TAINT)],
         )
@@ -71,7 +83,7 @@ def start_agents(plane: ControlPlane, fixtures: list[Path]) -> None:
             ],
             f"http://127.0.0.1:{port}/healthz",
         )
-        _say(f"node {node}: agent started (simulating {fixture.name})")
+        _say(f"node {node} ({arch}): agent started (simulating {fixture.name})")
 
 
 def start_operator(plane: ControlPlane) -> None:

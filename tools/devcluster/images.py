@@ -1,16 +1,24 @@
-"""Container images for the real node of tier D, built without Docker and without a registry.
+"""Container images, built without Docker and without a registry (``devcluster build --images``).
 
-    base          Debian bookworm with python3 and venv (mmdebstrap), imported into buildah
+    base          Debian bookworm with python3 and venv (mmdebstrap), one per architecture, imported into buildah
     operator      the Dockerfile's ``operator`` target, FROM that base (build arg PYTHON_BASE)
     agent-sim     the Dockerfile's ``agent-sim`` target (the agent on simulated hosts, no CUDA)
     vllm-standin  the base plus ``standin/vllm`` and ``standin/sglang``: each prints its argv and env, then waits
     pause         ``pause/main.go`` built static: the sandbox image of every pod
 
-Each image is an uncompressed OCI archive in ``<cache>/images``, named after a hash of everything it
-is built from, so a warm run builds nothing; containerd imports the archives (``ctr images
-import``). buildah runs with chroot isolation and the vfs driver (no daemon, no overlay inside
-overlay), its storage under the cache. pip inside the build trusts the host's CA bundle, handed in
-as a build secret (never stored in a layer). The CUDA ``agent`` target cannot be built here.
+``operator`` and ``agent-sim`` are built for every architecture of ``fiar_contract.IMAGE_ARCHITECTURES``
+(``buildah build --platform linux/<arch>``; a foreign one runs under qemu through binfmt_misc,
+``devcluster/binfmt.py``) and stored as one multi-architecture image: an OCI archive whose image is an
+OCI index of one manifest per architecture (``buildah manifest push --all``), as a registry serves it
+to each node. The stand-in and the pause image are test parts and built for this host only.
+
+Each image is an OCI archive in ``<cache>/images``, named after a hash of everything it is built
+from, so a warm run builds nothing; containerd imports the archives (``ctr images import``;
+``platform_archive`` cuts one architecture's manifest out of an index, for a node that runs a
+foreign architecture under emulation). buildah runs with chroot isolation and the vfs driver (no
+daemon, no overlay inside overlay), its storage under the cache. pip inside the build trusts the
+host's CA bundle, handed in as a build secret (never stored in a layer). The CUDA ``agent`` target
+is not built here (its base, ``nvidia/cuda``, cannot be fetched).
 """
 
 from __future__ import annotations
@@ -18,17 +26,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
+import json
 import os
 import shutil
 import ssl
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from devcluster import build
+import fiar_contract as contract
+from devcluster import binfmt, build
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -52,7 +65,11 @@ DOCKERFILE_IMAGES = {"operator": "localhost/fiar-operator", "agent-sim": "localh
 STANDIN_NAME = "localhost/fiar-vllm-standin"
 PAUSE_NAME = "localhost/fiar-pause"
 
-REQUIRED_TOOLS = ("mmdebstrap", "buildah", "go")
+REQUIRED_TOOLS = ("mmdebstrap", "buildah", "go", "arch-test")
+"""arch-test: mmdebstrap's check that a foreign architecture runs (under qemu) before it bootstraps one."""
+
+ARCHITECTURES: tuple[str, ...] = contract.IMAGE_ARCHITECTURES
+"""Every architecture ``operator`` and ``agent-sim`` are built for (one multi-architecture image each)."""
 
 
 class ImageBuildError(RuntimeError):
@@ -65,6 +82,8 @@ class Image:
     key: str
     archive: Path
     build_seconds: float | None = None  # None: taken from the cache
+    architectures: tuple[str, ...] = ()
+    """The architectures of a multi-architecture image (its archive holds an OCI index); () for this host's only."""
 
     @property
     def ref(self) -> str:
@@ -123,12 +142,13 @@ def content_key(*parts: str, paths: tuple[Path, ...] = ()) -> str:
     return digest.hexdigest()[:16]
 
 
-def base_key() -> str:
-    return content_key("mmdebstrap", "minbase", DEBIAN_SUITE, *BASE_PACKAGES)
+def base_key(arch: str | None = None) -> str:
+    return content_key("mmdebstrap", "minbase", DEBIAN_SUITE, arch or binfmt.host_arch(), *BASE_PACKAGES)
 
 
 def dockerfile_key(target: str) -> str:
-    return content_key(base_key(), target, paths=(ROOT / "Dockerfile", *(ROOT / p for p in DOCKERFILE_CONTEXT)))
+    bases = [f"{arch}={base_key(arch)}" for arch in ARCHITECTURES]
+    return content_key(*bases, target, "index", paths=(ROOT / "Dockerfile", *(ROOT / p for p in DOCKERFILE_CONTEXT)))
 
 
 def standin_key() -> str:
@@ -144,7 +164,8 @@ def planned() -> dict[str, Image]:
     """Every image with its key and archive path; nothing is built."""
     out = cache_dir()
     images = {
-        t: Image(n, dockerfile_key(t), out / f"{t}-{dockerfile_key(t)}.tar") for t, n in DOCKERFILE_IMAGES.items()
+        t: Image(n, dockerfile_key(t), out / f"{t}-{dockerfile_key(t)}.tar", architectures=ARCHITECTURES)
+        for t, n in DOCKERFILE_IMAGES.items()
     }
     images["vllm-standin"] = Image(STANDIN_NAME, standin_key(), out / f"vllm-standin-{standin_key()}.tar")
     images["pause"] = Image(PAUSE_NAME, pause_key(), out / f"pause-{pause_key()}.tar")
@@ -192,21 +213,23 @@ class Builder:
         # The archive is the cache; a vfs copy of each image would only double the disk it takes.
         self.buildah("rmi", ref)
 
-    def base(self) -> str:
-        key = base_key()
+    def base(self, arch: str | None = None) -> str:
+        arch = arch or binfmt.host_arch()
+        key = base_key(arch)
         ref = f"{BASE_NAME}:{key}"
         if self.has_image(ref):
             return ref
         tar = self.dir / f"base-{key}.tar"
         if not tar.is_file():
             start = time.monotonic()
-            self.log(f"base image: mmdebstrap {DEBIAN_SUITE} with {', '.join(BASE_PACKAGES)} (about a minute)...")
+            self.log(f"base image ({arch}): mmdebstrap {DEBIAN_SUITE} with {', '.join(BASE_PACKAGES)}...")
             partial = tar.with_name(f"base-{key}.partial.tar")  # mmdebstrap picks the format by the suffix
             _run(
                 [
                     "mmdebstrap",
                     "--quiet",
                     "--variant=minbase",
+                    f"--architectures={arch}",
                     f"--include={','.join(BASE_PACKAGES)}",
                     DEBIAN_SUITE,
                     str(partial),
@@ -214,13 +237,17 @@ class Builder:
                 timeout=1800,
             )
             partial.replace(tar)
-            self.log(f"base image: debootstrapped in {time.monotonic() - start:.0f}s ({_mb(tar)} MB)")
+            self.log(f"base image ({arch}): debootstrapped in {time.monotonic() - start:.0f}s ({_mb(tar)} MB)")
         start = time.monotonic()
         container = self.buildah("from", "scratch").strip()
         try:
             self.buildah("add", container, str(tar), "/")
             self.buildah(
                 "config",
+                "--os",
+                "linux",
+                "--arch",
+                arch,
                 "--env",
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "--env",
@@ -236,14 +263,35 @@ class Builder:
         return ref
 
     def dockerfile_target(self, target: str, image: Image) -> None:
-        base = self.base()
-        args = ["build", "--isolation", "chroot", "--pull=never", "--target", target]
-        args += ["--build-arg", f"PYTHON_BASE={base}", "-t", image.ref, "-f", str(ROOT / "Dockerfile")]
-        ca = host_ca_bundle()
-        if ca is not None:
-            args += ["--secret", f"id=ca-bundle,src={ca}"]
-        self.buildah(*args, str(ROOT))
-        self.export(image.ref, image.archive)
+        """One build per architecture, then one OCI index of them all, pushed into the archive."""
+        refs = []
+        for arch in image.architectures:
+            start = time.monotonic()
+            ref = f"{image.ref}-{arch}"
+            if self.has_image(ref):  # built by an interrupted run
+                refs.append(ref)
+                continue
+            args = ["build", "--isolation", "chroot", "--pull=never", "--platform", f"linux/{arch}"]
+            args += ["--target", target, "--build-arg", f"PYTHON_BASE={self.base(arch)}"]
+            args += ["-t", ref, "-f", str(ROOT / "Dockerfile")]
+            ca = host_ca_bundle()
+            if ca is not None:
+                args += ["--secret", f"id=ca-bundle,src={ca}"]
+            self.buildah(*args, str(ROOT), timeout=3600)
+            refs.append(ref)
+            self.log(f"image {target} ({arch}): built in {time.monotonic() - start:.0f}s")
+        with contextlib.suppress(ImageBuildError):
+            self.buildah("manifest", "rm", image.ref)
+        self.buildah("manifest", "create", image.ref)
+        for arch, ref in zip(image.architectures, refs, strict=True):
+            self.buildah("manifest", "add", "--os", "linux", "--arch", arch, image.ref, ref)
+        partial = image.archive.with_name(image.archive.name + ".partial")
+        partial.unlink(missing_ok=True)
+        self.buildah("manifest", "push", "--all", "--quiet", image.ref, f"oci-archive:{partial}:{image.ref}")
+        partial.replace(image.archive)
+        self.buildah("manifest", "rm", image.ref)
+        for ref in refs:
+            self.buildah("rmi", ref)
 
     def standin(self, image: Image) -> None:
         container = self.buildah("from", "--pull=never", self.base()).strip()
@@ -291,9 +339,14 @@ def build_images(log: Log | None = None) -> dict[str, Image]:
     missing = missing_tools()
     if missing:
         raise ImageBuildError(
-            f"missing image tool(s): {', '.join(missing)} (Debian: apt-get install mmdebstrap buildah golang)"
+            f"missing image tool(s): {', '.join(missing)} (Debian: apt-get install mmdebstrap arch-test buildah golang)"
         )
     images = planned()
+    for arch in ARCHITECTURES:
+        try:
+            binfmt.ensure(arch)
+        except binfmt.BinfmtError as exc:
+            raise ImageBuildError(f"cannot build {arch} images here: {exc}") from exc
     with _locked(cache_dir()):
         builder = Builder(log)
         if any(not image.archive.is_file() for image in images.values()):
@@ -311,7 +364,7 @@ def build_images(log: Log | None = None) -> dict[str, Image]:
             log(f"image {name}: building {image.ref}...")
             steps[name](image)
             seconds = time.monotonic() - start
-            images[name] = Image(image.name, image.key, image.archive, seconds)
+            images[name] = Image(image.name, image.key, image.archive, seconds, image.architectures)
             log(f"image {name}: built in {seconds:.0f}s, {_mb(image.archive)} MB")
             _prune(name, image.archive)
     return images
@@ -341,3 +394,73 @@ def _run(argv: list[str], *, timeout: float, cwd: Path | None = None, env: dict[
             f"{' '.join(argv[:8])} ... exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc.stdout
+
+
+# -- reading archives -------------------------------------------------------------------------------
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+
+
+def _blob(tar: tarfile.TarFile, digest: str) -> bytes:
+    algo, _, hexdigest = digest.partition(":")
+    member = tar.extractfile(f"blobs/{algo}/{hexdigest}")
+    if member is None:
+        raise ImageBuildError(f"blob {digest} missing from the archive")
+    return member.read()
+
+
+def read_index(archive: Path) -> dict[str, dict[str, Any]]:
+    """The manifests of an OCI archive's image by architecture, as its own blobs say.
+
+    Each entry: ``descriptor`` (the index's, with its platform), ``manifest`` and ``config`` (the image
+    config, whose ``architecture`` and ``os`` the runtime checks). A single-manifest archive gives one entry.
+    """
+    with tarfile.open(archive) as tar:
+        top = json.loads(_read(tar, "index.json"))["manifests"][0]
+        if top.get("mediaType") in INDEX_TYPES:
+            descriptors = json.loads(_blob(tar, top["digest"]))["manifests"]
+        else:
+            descriptors = [top]
+        out: dict[str, dict[str, Any]] = {}
+        for desc in descriptors:
+            manifest = json.loads(_blob(tar, desc["digest"]))
+            config = json.loads(_blob(tar, manifest["config"]["digest"]))
+            out[config["architecture"]] = {"descriptor": desc, "manifest": manifest, "config": config}
+        return out
+
+
+def _read(tar: tarfile.TarFile, name: str) -> bytes:
+    member = tar.extractfile(name)
+    if member is None:
+        raise ImageBuildError(f"{name} missing from the archive")
+    return member.read()
+
+
+def platform_archive(archive: Path, arch: str, ref: str, dest: Path) -> Path:
+    """An OCI archive of one architecture's manifest of a multi-architecture ``archive``, named ``ref``.
+
+    containerd resolves an index by its own platform; a node that runs ``arch`` under emulation
+    imports this one instead (a single manifest is run whatever its architecture).
+    """
+    entry = read_index(archive).get(arch)
+    if entry is None:
+        raise ImageBuildError(f"{archive.name} has no {arch} image")
+    desc = {k: v for k, v in entry["descriptor"].items() if k in ("mediaType", "digest", "size")}
+    desc["annotations"] = {"org.opencontainers.image.ref.name": ref}
+    wanted = {entry["manifest"]["config"]["digest"], desc["digest"]} | {
+        layer["digest"] for layer in entry["manifest"]["layers"]
+    }
+    partial = dest.with_name(dest.name + ".partial")
+    with tarfile.open(archive) as src, tarfile.open(partial, "w") as out:
+        for name, data in (
+            ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+            ("index.json", json.dumps({"schemaVersion": 2, "manifests": [desc]}).encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+        for member in src.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and len(parts) == 3 and parts[0] == "blobs" and f"{parts[1]}:{parts[2]}" in wanted:
+                out.addfile(member, src.extractfile(member))
+    partial.replace(dest)
+    return dest

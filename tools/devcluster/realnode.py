@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from devcluster import build, images
+from devcluster import binfmt, build, images
 from devcluster.cluster import Component, ControlPlaneError, free_port
 
 if TYPE_CHECKING:
@@ -72,8 +72,12 @@ def unavailable_reason() -> str | None:
     if missing:
         return (
             f"tier D needs {', '.join(missing)}: apt-get install containerd runc containernetworking-plugins "
-            "iptables buildah mmdebstrap (make realnode-deps does it as root)"
+            "iptables buildah mmdebstrap arch-test qemu-user-static (make realnode-deps does it as root)"
         )
+    for arch in images.ARCHITECTURES:
+        foreign = binfmt.unavailable_reason(arch)
+        if foreign:
+            return f"tier D builds and runs {arch} images: {foreign} (make realnode-deps installs it as root)"
     if host_ip() is None:
         return "tier D needs a non-loopback IPv4 address for the node (the kubelet rejects loopback node IPs)"
     return None
@@ -85,9 +89,17 @@ def build_cli() -> int:
     if reason:
         print(f"tier D cannot run here, its tests will skip: {reason}")
         return 0
+    return images_cli()
+
+
+def images_cli() -> int:
+    """``devcluster build --images``: every image (each multi-architecture one for all its architectures)."""
+    start = time.monotonic()
     for name, image in images.build_images().items():
         took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.0f}s"
-        print(f"{name:13s} {image.ref:48s} {image.size_bytes / 1e6:6.0f} MB  {took}")
+        arches = ",".join(image.architectures) or binfmt.host_arch()
+        print(f"{name:13s} {image.ref:48s} {arches:12s} {image.size_bytes / 1e6:6.0f} MB  {took}")
+    print(f"images ready in {time.monotonic() - start:.0f}s (cache: {images.cache_dir()})")
     return 0
 
 
@@ -204,6 +216,22 @@ class RealNode:
         if proc.returncode != 0:
             raise ControlPlaneError(f"ctr {' '.join(args[:3])} exited {proc.returncode}: {proc.stderr[-2000:]}")
         return proc.stdout
+
+    def import_platform(self, name: str, arch: str) -> str:
+        """Import ``arch``'s image of the multi-architecture image ``name`` under its own tag; return the ref.
+
+        containerd resolves an index to this host's architecture; a pod that should run the ``arch``
+        image on this node (under qemu, ``devcluster/binfmt.py``) names this single-manifest tag.
+        """
+        image = self.images[name]
+        ref = f"{image.ref}-{arch}"
+        binfmt.ensure(arch)
+        archive = images.platform_archive(image.archive, arch, ref, self.dir / f"{name}-{arch}.tar")
+        try:
+            self.ctr("images", "import", str(archive), timeout=600)
+        finally:
+            archive.unlink(missing_ok=True)
+        return ref
 
     # -- start ----------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:

@@ -61,6 +61,37 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
 {{- end }}
 
+{{/* The operator's affinity when operator.affinity is empty: spread replicas over nodes when possible. */}}
+{{- define "fiar.operator.defaultAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "fiar.selectorLabels" (dict "ctx" . "component" "operator") | nindent 12 }}
+{{- end }}
+
+{{/* A component's affinity with the required node affinity to .Values.architectures added (ANDed into
+each of its own node selector terms): call with (dict "affinity" .Values.agent.affinity "ctx" $). */}}
+{{- define "fiar.affinity" -}}
+{{- $aff := deepCopy (.affinity | default dict) }}
+{{- $arch := dict "key" "kubernetes.io/arch" "operator" "In" "values" .ctx.Values.architectures }}
+{{- $node := $aff.nodeAffinity | default dict }}
+{{- $required := $node.requiredDuringSchedulingIgnoredDuringExecution | default dict }}
+{{- $terms := list }}
+{{- range ($required.nodeSelectorTerms | default (list dict)) }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append ($term.matchExpressions | default list) $arch) }}
+{{- $terms = append $terms $term }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $aff "nodeAffinity" $node }}
+{{- toYaml $aff }}
+{{- end }}
+
 {{/* Restricted Pod Security, container level. */}}
 {{- define "fiar.restrictedContainerSecurityContext" -}}
 allowPrivilegeEscalation: false

@@ -38,7 +38,7 @@ def report(**fields: Any) -> str:
 HOSTILE_REPORTS = {
     "not JSON": "{not json",
     "deep nesting": "[" * 100_000,
-    "over the read limit": "x" * (model.MAX_REPORT_CHARS + 1),
+    "over the read limit": "x" * (contract.PROBE_REPORT_MAX_READ_CHARS + 1),
     "a list": "[1, 2]",
     "other version": json.dumps({"schema": "fiar.io/probe-report", "version": 99}),
     "labels a string": report(labels="fiar.io/backend=mnnvl"),
