@@ -27,6 +27,7 @@ from fiar_operator.core.policy import Policy
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import rules
 from fiar_operator.reconcile.events import Event, Poster, pod_ref
+from fiar_operator.reconcile.scan import Scanner
 from fiar_operator.reconcile.status import Marks, StatusWriter
 from fiar_operator.reconcile.unconfigured import Unconfigured
 from fiar_operator.reconcile.webhooksync import WebhookSync
@@ -74,7 +75,17 @@ class Reconciler:
         self.heartbeats, self._stop = heartbeats, stop
         self.changes = Changes()
         marks = Marks()
-        self.unconfigured = Unconfigured(store, self.excluded, marks.mark)
+        self.unconfigured = Unconfigured(store, self.excluded, marks.mark, poke=lambda: self.scanner.poke())
+        self.scanner = Scanner(
+            kube,
+            lambda: list(self.store.policies.values()),
+            lambda: dict(self.store.namespaces),
+            self.excluded,
+            self.unconfigured.scanned,
+            settings.unconfigured_interval,
+            stop,
+            ready=lambda: self._leading and kinds.all_listed(self.store.synced),
+        )
         self.status = StatusWriter(
             store, kube, settings.status_interval, unconfigured=self.unconfigured.pods, marks=marks
         )
@@ -102,6 +113,7 @@ class Reconciler:
     def start(self) -> None:
         self.status.start()
         self._thread.start()
+        self.scanner.start()
 
     def stop(self) -> None:
         self.status.stop()

@@ -15,7 +15,7 @@ until it is recreated.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any, Final
@@ -260,27 +260,6 @@ def unconfigured_by(
     if policy is None or policy.mode != "Enforce" or not selects_a_container(record, policy):
         return None
     return policy
-
-
-def unconfigured_pods(
-    pods: Iterable[PodRecord],
-    policies: Iterable[Policy],
-    namespaces: Mapping[str, Mapping[str, str]],
-    excluded: Callable[[str], bool],
-) -> dict[str, list[PodRecord]]:
-    """``unconfigured_by`` over many pods, by policy name; pods in ``excluded`` namespaces are left out
-    (the webhooks never see them)."""
-    candidates = list(policies)
-    found: dict[str, list[PodRecord]] = {}
-    if not candidates:
-        return found
-    for record in pods:
-        if record.managed or excluded(record.namespace):
-            continue
-        policy = unconfigured_by(record, candidates, namespaces.get(record.namespace))
-        if policy is not None:
-            found.setdefault(policy.name, []).append(record)
-    return found
 
 
 def unconfigured_message(policy: Policy) -> str:

@@ -1,5 +1,8 @@
 """The operator's in-memory indexes: nodes, namespaces, policies, pods, and the admission memo.
 
+They hold what the watches select (``kinds.WATCHED``): GPU nodes, every namespace and policy, and
+only the pods the pod webhook configured, so they grow with what fiar manages, not with the cluster.
+
 Informer threads write (and the reconciler, the pods it patched); the webhooks only read. Writers hold one lock; readers
 take single dict lookups (atomic in CPython) or copies made under the lock, so a webhook never
 waits on a writer for long and never calls the API server for an object the indexes know.
@@ -205,10 +208,21 @@ class Store:
 
     # -- pods ------------------------------------------------------------------------------------
     def put_pod(self, obj: Mapping[str, Any]) -> PodRecord:
+        """Index a pod the pod webhook configured (its ``fiar.io/policy`` label: what the pod watch
+                selects); the record of any other pod is returned and not kept, since no watch event would
+                ever remove it (a pod the binding webhook had to read); a newer version of an indexed pod that lost
+        the label removes it, as its watch event will."""
         meta = obj.get("metadata") or {}
         held = self.pods.get((str(meta.get("namespace") or ""), str(meta.get("name") or ""))) if meta else None
         record = pod_record(obj, previous=held)  # ``held`` is a hint only: pod_record checks uid and generation
         key = record.key  # one tuple for the pod's entries in every index
+        if not record.managed:
+            with self._lock:  # a newer version of an indexed pod without the label: it left the selection
+                old = self.pods.get(key)
+                if old is not None and old.uid == record.uid and _newer(record.resource_version, old.resource_version):
+                    del self.pods[key]
+                    self._unindex(old)
+            return record
         with self._lock:
             old = self.pods.get(key)
             if old is not None and old.uid == record.uid and not _newer(record.resource_version, old.resource_version):
