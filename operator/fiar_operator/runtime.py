@@ -30,7 +30,7 @@ class Runtime:
         self.settings = settings
         self.kube = kube if kube is not None else Kube(configuration(settings.kubeconfig))
         self.store = Store()
-        self.metrics = Metrics(self.store.sizes)
+        self.metrics = Metrics(self.store.sizes, self.store.index_bytes)
         self.heartbeats = Heartbeats()
         self.admission = Admission(self.store, self.metrics)
         self.server = Server(

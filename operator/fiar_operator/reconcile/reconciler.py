@@ -85,6 +85,7 @@ class Reconciler:
             settings.unconfigured_interval,
             stop,
             ready=lambda: self._leading and kinds.all_listed(self.store.synced),
+            metrics=metrics,
         )
         self.status = StatusWriter(
             store, kube, settings.status_interval, unconfigured=self.unconfigured.pods, marks=marks

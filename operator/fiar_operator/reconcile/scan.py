@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import fiar_contract as contract
 from fiar_operator.core.errors import ApiError
+from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.pods import pod_record
 from fiar_operator.core.policy import Policy
 from fiar_operator.core.selectors import LabelSelector
@@ -225,9 +226,11 @@ class Scanner:
         interval: float,
         stop: threading.Event,
         ready: Callable[[], bool] = lambda: True,
+        metrics: Metrics | None = None,
     ) -> None:
         self.client, self.policies, self.namespaces, self.excluded = client, policies, namespaces, excluded
         self.deliver, self.interval, self.stop, self.ready = deliver, interval, stop, ready
+        self.metrics = metrics
         self._wake = threading.Event()
         self.scans = 0
         self.last_seconds = 0.0
@@ -264,6 +267,9 @@ class Scanner:
             pause=lambda: self.stop.wait(PAUSE),
         )
         self.deliver(found)
+        if self.metrics is not None:
+            self.metrics.scans.labels("true" if found.complete else "false").inc()
+            self.metrics.scan_pods.inc(found.read)
         self.scans += 1
         self.last_seconds = time.monotonic() - started
         return found

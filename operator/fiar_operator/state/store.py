@@ -14,6 +14,7 @@ update whose resourceVersion is older than the stored one is ignored.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +38,37 @@ MEMO_TTL: Final = 120.0
 event (usually milliseconds apart); after that the pod index answers."""
 ENTRY_OVERHEAD: Final = 600
 """Estimated bytes of an entry beyond its strings (objects, dict slots, the key)."""
+
+
+SAMPLE: Final = 200
+"""Records whose deep size estimates an index's bytes (``Store.index_bytes``)."""
+BYTES_TTL: Final = 30.0
+"""Seconds an estimate of the indexes' bytes is kept."""
+
+
+def _deep_size(obj: object, seen: set[int]) -> int:
+    """Bytes of ``obj`` and what it holds (containers, dataclass fields), each object once."""
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, str | bytes | int | float | bool) or obj is None:
+        return size
+    if isinstance(obj, Mapping):
+        return size + sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, tuple | list | set | frozenset):
+        return size + sum(_deep_size(item, seen) for item in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is not None:
+        return size + sum(_deep_size(getattr(obj, name, None), seen) for name in fields)
+    return size
+
+
+def _estimate(sample: list[tuple[Any, Any]], count: int) -> int:
+    if not sample:
+        return 0
+    total = sum(_deep_size(item, set()) for item in sample)
+    return total * count // len(sample)
 
 
 def _newer(new: str, old: str) -> bool:
@@ -135,6 +167,7 @@ class Store:
         self._memo: OrderedDict[tuple[str, str, bool], MemoEntry] = OrderedDict()
         self._memo_bytes = 0
         self.synced: dict[str, bool] = {}
+        self._bytes: tuple[float, dict[str, int]] | None = None
 
     # -- nodes -----------------------------------------------------------------------------------
     def put_node(self, obj: Mapping[str, Any]) -> None:
@@ -369,6 +402,23 @@ class Store:
     def memo_bytes(self) -> int:
         """Estimated bytes the admission memo holds."""
         return self._memo_bytes
+
+    def index_bytes(self) -> dict[str, int]:
+        """Estimated bytes of the pod and node indexes: the deep size of up to ``SAMPLE`` records
+        (strings shared between records counted once per record), times the records held, cached
+        for ``BYTES_TTL`` seconds (a scrape never walks every record)."""
+        now = self._clock()
+        if self._bytes is not None and now - self._bytes[0] < BYTES_TTL:
+            return self._bytes[1]
+        with self._lock:
+            pods, nodes = list(self.pods.items())[:SAMPLE], list(self.nodes.items())[:SAMPLE]
+            counts = (len(self.pods), len(self.nodes))
+        found = {
+            "pods": _estimate(pods, counts[0]),
+            "nodes": _estimate(nodes, counts[1]),
+        }
+        self._bytes = (now, found)
+        return found
 
     def sizes(self) -> dict[str, int]:
         return {
