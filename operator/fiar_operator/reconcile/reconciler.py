@@ -27,6 +27,7 @@ from fiar_operator.core.policy import Policy
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import rules
 from fiar_operator.reconcile.events import Event, Poster, pod_ref
+from fiar_operator.reconcile.recreate import Recreator
 from fiar_operator.reconcile.scan import Scanner
 from fiar_operator.reconcile.status import Marks, StatusWriter
 from fiar_operator.reconcile.unconfigured import Unconfigured
@@ -87,8 +88,14 @@ class Reconciler:
             ready=lambda: self._leading and kinds.all_listed(self.store.synced),
             metrics=metrics,
         )
+        self.recreator = Recreator(kube, self.unconfigured, marks.mark) if settings.recreate_unconfigured else None
         self.status = StatusWriter(
-            store, kube, settings.status_interval, unconfigured=self.unconfigured.pods, marks=marks
+            store,
+            kube,
+            settings.status_interval,
+            unconfigured=self.unconfigured.pods,
+            marks=marks,
+            recreated=self.recreator.recreated if self.recreator is not None else lambda _name: 0,
         )
         self.webhooks = WebhookSync(kube, settings.webhook_config)
         self.events = Poster(kube, identity, stop, waiting=lambda: self.heartbeats.beat(liveness.RECONCILER))
@@ -258,11 +265,15 @@ class Reconciler:
 
     def housekeeping(self) -> list[Event]:
         """After every change (the leader only), and at least every 0.5 s: re-check the unconfigured
-        pods now and then, and the NotConfigured events the rate limit held back and now allows."""
+        pods now and then, the NotConfigured events the rate limit held back and now allows, and
+        (``--recreate-unconfigured``) the evictions it allows."""
         self.unconfigured.refresh()
         if self.webhooks.due():
             self._sync_webhooks()
-        return self.unconfigured.drain()
+        events = self.unconfigured.drain()
+        if self.recreator is not None:
+            events += self.recreator.step()
+        return events
 
     def apply(self, change: Change) -> list[Event]:
         """Reconcile one changed object, already indexed (or removed from the index)."""

@@ -361,11 +361,15 @@ def status_of(
     now: str,
     unconfigured: Sequence[str],
     counts: Mapping[str, int],
+    recreated: int = 0,
 ) -> dict[str, Any]:
-    """``policy_status`` from the ``pod_outcome`` of each pod the policy selects."""
+    """``policy_status`` from the ``pod_outcome`` of each pod the policy selects (``recreated``: the
+    unconfigured pods evicted for their controller to recreate, shown only once there are any)."""
     counts = dict(counts)
     outcome = dict.fromkeys(POD_COUNTS, 0)
     outcome["unconfigured"] = len(unconfigured)
+    if recreated:
+        outcome["recreated"] = recreated
     for found in outcomes:
         for key in found:
             outcome[key] += 1

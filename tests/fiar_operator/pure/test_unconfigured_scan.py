@@ -16,11 +16,13 @@ from kubernetes import client
 
 import fiar_contract as contract
 from devcluster.feed import feed
+from fiar_operator.core.errors import Unavailable
 from fiar_operator.core.policy import Policy, parse_policy
 from fiar_operator.core.selectors import parse_label_selector
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import scan
 from fiar_operator.reconcile.events import TokenBucket
+from fiar_operator.reconcile.recreate import Recreator
 from fiar_operator.reconcile.unconfigured import Unconfigured
 from fiar_operator.runtime import Runtime
 from fiar_operator.state import kube
@@ -272,3 +274,37 @@ def test_only_controller_owned_pods_are_offered_for_eviction() -> None:
     store, tracked, _ = tracker(clock, marked)
     tracked.scanned(found_over(store, [body("owned"), body("bare", owned=False)]))
     assert [(key[1], pod.owner) for _, key, pod in tracked.evictable()] == [("owned", ("ReplicaSet", "rs"))]
+
+
+class Evictions(Kube):
+    """The Eviction API: refuses (429, as a PodDisruptionBudget does) the pods named in ``guarded``."""
+
+    def __init__(self, guarded: set[str]) -> None:
+        self.guarded, self.evicted = guarded, []
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        if name in self.guarded:
+            raise Unavailable("Cannot evict pod as it would violate the pod's disruption budget.")
+        self.evicted.append(name)
+
+
+def test_the_remedy_evicts_controller_owned_pods_within_its_rate_and_retries_what_a_budget_refuses() -> None:
+    clock, marked = Clock(), []
+    store, tracked, _ = tracker(clock, marked)
+    pods = [body(f"p{i}") for i in range(7)] + [body("bare", owned=False), body("guarded")]
+    tracked.scanned(found_over(store, pods))
+    api = Evictions({"guarded"})
+    recreator = Recreator(api, tracked, marked.append, TokenBucket(3, 1.0, clock=clock), clock=clock)
+    events = recreator.step()
+    assert api.evicted == ["p0", "p1"], "three tokens: the budget refuses the first, two evicted"
+    assert [e.reason for e in events] == ["RecreatedForPolicy"] * 2 and recreator.recreated("vllm") == 2
+    clock.now = 10.0
+    recreator.step()
+    assert len(api.evicted) == 5, "at most the burst at once"
+    clock.now = 20.0
+    recreator.step()
+    assert "bare" not in api.evicted and "guarded" not in api.evicted and len(api.evicted) == 7
+    api.guarded.clear()
+    clock.now = 45.0  # past the retry of the refused one
+    recreator.step()
+    assert api.evicted[-1] == "guarded" and recreator.recreated("vllm") == 8

@@ -1,0 +1,56 @@
+"""A policy applied together with its workload (one apply: namespace, policy, Deployment, created back to
+back as ``kubectl apply -f dir/`` creates them) gets every pod configured, 20 times in a row: the pod
+webhook's condition lets a pod whose container names an engine through before the conditions follow
+the new policy (``webhookconfig.NAMES_AN_ENGINE``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fiar_contract as contract
+from devcluster import workloads
+from fiar_operator.state import kube
+
+from .conftest import SESSION_LABEL
+
+pytestmark = pytest.mark.controlplane
+
+ROUNDS = 20
+REPLICAS = 3
+
+
+def test_a_namespace_policy_and_deployment_in_one_apply_get_every_pod_configured(operator: Any, kit: Any) -> None:
+    kit.node(f"one-{kit.unique}", "trtllm")
+    missed: list[str] = []
+    for round_ in range(ROUNDS):
+        namespace, policy = f"one-{kit.unique}-{round_}", f"one-{kit.unique}-{round_}"
+        labels = {SESSION_LABEL: operator.selector_value, "team": f"t-{kit.unique}-{round_}"}
+        kit.kube.call("POST", kube.NAMESPACES, body={"metadata": {"name": namespace, "labels": labels}})
+        by_label = round_ % 2 == 1  # every other round selects the brand-new namespace by a label of its own
+        selector = {"matchLabels": {"team": labels["team"]}} if by_label else {"matchLabels": {kube_name(): namespace}}
+        kit.kube.call(
+            "POST",
+            kube.POLICIES,
+            body=workloads.policy(policy, podSelector={"matchLabels": {"app": "vllm"}}, namespaceSelector=selector),
+        )
+        kit.policies.append(policy)
+        deployment = workloads.vllm_deployment(REPLICAS, node_selector={f"pool-{kit.unique}": "gpu"}, spread=None)
+        kit.kube.call("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
+
+        def created(namespace: str = namespace) -> list[dict[str, Any]] | None:
+            pods = kit.pods(namespace)
+            return pods if len(pods) >= REPLICAS else None
+
+        pods = kit.wait(created, 60, f"{REPLICAS} pods in {namespace}")
+        missed += [
+            f"{namespace}/{p['metadata']['name']}"
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(contract.LABEL_POD_POLICY) != policy
+        ]
+    assert missed == [], f"{len(missed)} of {ROUNDS * REPLICAS} pods not configured"
+
+
+def kube_name() -> str:
+    return "kubernetes.io/metadata.name"
