@@ -56,12 +56,24 @@ def test_controller_owned_pods_created_while_down_are_evicted_and_come_back_conf
         return ours if len(ours) >= 2 else None
 
     kit.wait(configured, 90, "the Deployment's pods recreated through the webhook")
-    status = kit.wait(
-        lambda: (s := kit.get_policy(policy).get("status") or {}).get("pods", {}).get("recreated") == 2 and s,
+    kit.wait(
+        lambda: (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("recreated") == 2,
         30,
         "two recreated in the status",
     )
-    assert status["pods"]["unconfigured"] == 2, "the bare pod and the one its budget protects"
+    kit.wait(  # the evicted ones drop out at the next scan
+        lambda: kit.get_policy(policy)["status"]["pods"]["unconfigured"] == 2,
+        30,
+        "the bare pod and the one its budget protects still unconfigured",
+    )
+    recreated = kit.wait(
+        lambda: kit.kube.call(
+            "GET", f"/api/v1/namespaces/{namespace}/events", {"fieldSelector": "reason=RecreatedForPolicy"}
+        )["items"],
+        30,
+        "RecreatedForPolicy events",
+    )
+    assert sorted(e["involvedObject"]["name"].split("-")[0] for e in recreated) == ["vllm", "vllm"], "never bare"
     names = {p["metadata"]["name"] for p in kit.pods(namespace)}
     assert "bare" in names, "a bare pod is never evicted"
     assert any(n.startswith("guarded-") for n in names)
