@@ -110,6 +110,13 @@ class Metrics:
     def lookup(self, source: str) -> None:
         self.lookups.labels(source).inc()
 
+    def indexes(self) -> dict[str, dict[str, int]]:
+        """What the indexes hold: objects per index, and the estimated bytes of the pod and node indexes."""
+        return {
+            "objects": dict(self._sizes()) if self._sizes is not None else {},
+            "bytes": dict(self._bytes()) if self._bytes is not None else {},
+        }
+
     def exposition(self) -> bytes:
         if self._sizes is not None:
             for index, size in self._sizes().items():

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import fiar_contract as contract
-from fiar_operator.core.commands import ENGINES
 from fiar_operator.core.pods import INJECTED, field_path
 from fiar_operator.core.policy import Policy
 from fiar_operator.core.selectors import LabelSelector, Requirement
@@ -227,31 +226,16 @@ READS_FIAR: Final = " || ".join(
 LABELLED: Final = f"({HAS_LABELS} && {_lit(contract.LABEL_POD_POLICY)} in {LABELS})"
 
 
-def _names_an_engine(text: str) -> str:
-    return " || ".join(f"{text}.lowerAscii().contains({_lit(engine.name)})" for engine in ENGINES)
-
-
-NAMES_AN_ENGINE: Final = " || ".join(
-    f"(has(object.spec.{key}) && object.spec.{key}.exists(c, (has(c.image) && ({_names_an_engine('c.image')})) || "
-    f"(has(c.command) && c.command.exists(w, {_names_an_engine('w')})) || "
-    f"(has(c.args) && c.args.exists(w, {_names_an_engine('w')}))))"
-    for key in ("containers", "initContainers")
-)
-"""A container's image, command or args name an engine fiar configures (``commands.ENGINES``, the
-test the pod webhook's command planning makes): independent of every policy's selectors, so a pod
-created with its policy in one apply reaches the webhook before the conditions follow that policy."""
-
-
 def pod_condition(policies: Iterable[Policy]) -> str:
-    """The pod webhook's condition: a policy can select the pod, or a container names an engine fiar
-    configures, or the pod already carries fiar's policy label, or a container reads fiar's
-    annotations. In that order: CEL stops at the first true clause, so a pod a policy selects (the
-    pods the webhook is for) skips the walks over every container."""
+    """The pod webhook's condition: a policy can select the pod, or the pod already carries fiar's
+    policy label, or a container reads fiar's annotations. In that order: CEL stops at the first
+    true clause, so a pod a policy selects (the pods the webhook is for) skips the walk over every
+    container's env."""
     clauses = [
         f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))"
         for policy in sorted(policies, key=lambda p: p.name)
     ]
-    return " || ".join([*clauses, NAMES_AN_ENGINE, LABELLED, READS_FIAR])
+    return " || ".join([*clauses, LABELLED, READS_FIAR])
 
 
 def binding_condition(policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> str:

@@ -1,8 +1,7 @@
 """A policy applied together with its workload (one apply: namespace, policy, Deployment, created back to
 back as ``kubectl apply -f dir/`` creates them) gets every pod configured, 20 times in a row, with the
 leader narrowing the webhook's matchConditions to the policies (``--webhook-config``, as the chart
-runs it): the pod condition lets a pod whose container names an engine through before the conditions
-follow the new policy (``webhookconfig.NAMES_AN_ENGINE``)."""
+runs it)."""
 
 from __future__ import annotations
 
