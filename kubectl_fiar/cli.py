@@ -23,7 +23,7 @@ from typing import Any, Final, TextIO
 
 import fiar_contract as contract
 import fiar_kube as kube
-from kubectl_fiar import __version__, model, render
+from kubectl_fiar import __version__, indexes, model, render
 
 PAGE: Final = 500
 """Objects per list request (kubectl's own chunk size)."""
@@ -113,10 +113,16 @@ def _scope(namespace: str | None) -> str:
 # -- commands ------------------------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace, reader: Reader, out: TextIO) -> int:
     f = fleet(reader, args.namespace, args.probe_max_age)
+    held = indexes.read(reader.list, reader.get)
     if args.output == "json":
-        _json(render.status_json(f, _scope(args.namespace)), out)
+        doc = render.status_json(f, _scope(args.namespace))
+        if held is not None:
+            doc["operatorIndexes"] = {"service": held[0], **held[1]}
+        _json(doc, out)
     else:
         out.write(render.status_text(f, _style(args, out), _scope(args.namespace)))
+        if held is not None:
+            out.write(indexes.line(*held))
     return 0
 
 

@@ -67,6 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="namespace the webhooks never see, beside kube-system and $POD_NAMESPACE (repeatable)",
     )
+    run.add_argument(
+        "--node-selector",
+        default=_default("node_selector"),
+        help='label selector of the nodes watched: the agent\'s node selector ("": every node)',
+    )
+    run.add_argument(
+        "--unconfigured-interval",
+        type=float,
+        default=_default("unconfigured_interval"),
+        help="seconds between scans for pods a policy selects that the pod webhook never configured",
+    )
+    run.add_argument(
+        "--recreate-unconfigured",
+        action="store_true",
+        help="evict controller-owned pods the pod webhook never configured, so that they are recreated through it",
+    )
     run.add_argument("--standalone", action="store_true", help="no peering: this replica always reconciles")
     run.add_argument(
         "--peering", default=_default("peering"), help="kopf peering name (replicas of one deployment share it)"
@@ -137,6 +153,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         liveness=args.liveness,
         excluded_namespaces=excluded_namespaces(extra=args.exclude_namespace),
         webhook_config=args.webhook_config,
+        node_selector=args.node_selector,
+        unconfigured_interval=args.unconfigured_interval,
+        recreate_unconfigured=args.recreate_unconfigured,
     )
 
 

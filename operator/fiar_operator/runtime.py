@@ -18,7 +18,7 @@ from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile.leadership import Leadership
 from fiar_operator.reconcile.reconciler import Reconciler
-from fiar_operator.state import informers
+from fiar_operator.state import informers, kinds
 from fiar_operator.state.kube import Kube, configuration
 from fiar_operator.state.store import Store
 
@@ -30,7 +30,7 @@ class Runtime:
         self.settings = settings
         self.kube = kube if kube is not None else Kube(configuration(settings.kubeconfig))
         self.store = Store()
-        self.metrics = Metrics(self.store.sizes)
+        self.metrics = Metrics(self.store.sizes, self.store.index_bytes)
         self.heartbeats = Heartbeats()
         self.admission = Admission(self.store, self.metrics)
         self.server = Server(
@@ -48,7 +48,13 @@ class Runtime:
         if not self.settings.standalone:
             self.leadership.start()
         self.server.start()
-        informers.start_all(self.kube, self.store, self._stop, notify=self.reconciler.notify)
+        informers.start_all(
+            self.kube,
+            self.store,
+            self._stop,
+            notify=self.reconciler.notify,
+            selectors={kinds.NODES.name: self.settings.node_selector},
+        )
         self.reconciler.start()
         log.info("webhooks on port %s, metrics on port %s", self.server.port, self.server.metrics_port)
 

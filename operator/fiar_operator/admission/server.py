@@ -8,6 +8,8 @@ kopf's loop never delays an admission answer. Routes (``ROUTES``, one row per we
     GET  /healthz          200 while every part makes progress (liveness.py)
     GET  /readyz           200 once every watched kind has been listed (and TLS can complete a handshake)
     GET  /metrics          Prometheus exposition (metrics port only)
+    GET  /indexes          the indexes' sizes as JSON, objects and estimated bytes (metrics port only;
+                           ``kubectl fiar status`` reads it through the API server's service proxy)
 
 What reaches a review is bounded by the transport (``transport.py``). A review of at most
 ``ON_LOOP_BODY`` bytes is answered on the event loop when its planning takes no step of a budget
@@ -227,6 +229,7 @@ class Server:
     def _metrics_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/indexes", self._indexes)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         return app
@@ -261,6 +264,9 @@ class Server:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    async def _indexes(self, _: web.Request) -> web.Response:
+        return web.json_response(self.metrics.indexes())
 
     # -- webhooks --------------------------------------------------------------------------------
     async def _serve(self, request: web.Request, route: Route) -> web.Response:

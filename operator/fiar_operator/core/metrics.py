@@ -30,7 +30,11 @@ LATENCY_BUCKETS: Final = (
 
 
 class Metrics:
-    def __init__(self, sizes: Callable[[], Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        sizes: Callable[[], Mapping[str, int]] | None = None,
+        index_bytes: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.admissions = Counter(
             "fiar_admission_requests",
@@ -76,7 +80,26 @@ class Metrics:
             registry=self.registry,
         )
         self.conditions_follow_policies.set(1)
+        self.index_bytes = Gauge(
+            "fiar_index_bytes",
+            "Estimated bytes the pod and node indexes hold (a sample of their records, measured).",
+            ["index"],
+            registry=self.registry,
+        )
+        self.scans = Counter(
+            "fiar_unconfigured_scans",
+            "Scans for pods a policy selects that the pod webhook never configured, by whether they "
+            "read every LIST to its end within their budget.",
+            ["complete"],
+            registry=self.registry,
+        )
+        self.scan_pods = Counter(
+            "fiar_unconfigured_scan_pods_read",
+            "Pods the scans' selector-narrowed LISTs returned.",
+            registry=self.registry,
+        )
         self._sizes = sizes
+        self._bytes = index_bytes
 
     def admission(self, webhook: str, result: str) -> None:
         self.admissions.labels(webhook, result).inc()
@@ -87,8 +110,18 @@ class Metrics:
     def lookup(self, source: str) -> None:
         self.lookups.labels(source).inc()
 
+    def indexes(self) -> dict[str, dict[str, int]]:
+        """What the indexes hold: objects per index, and the estimated bytes of the pod and node indexes."""
+        return {
+            "objects": dict(self._sizes()) if self._sizes is not None else {},
+            "bytes": dict(self._bytes()) if self._bytes is not None else {},
+        }
+
     def exposition(self) -> bytes:
         if self._sizes is not None:
             for index, size in self._sizes().items():
                 self.index_size.labels(index).set(size)
+        if self._bytes is not None:
+            for index, size in self._bytes().items():
+                self.index_bytes.labels(index).set(size)
         return bytes(generate_latest(self.registry))

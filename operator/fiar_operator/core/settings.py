@@ -14,6 +14,9 @@ ALWAYS_EXCLUDED: Final = ("kube-system",)
 MAX_READ_TIMEOUT: Final = 0.4
 """Longest ``--read-timeout``: the binding webhook's read must end within the server's deadline for
 a review (0.6 s, ``server.WORK_DEADLINE``) with time left to answer; the chart's schema says the same."""
+DEFAULT_NODE_SELECTOR: Final = "nvidia.com/gpu.present=true"
+"""The nodes the operator watches unless ``--node-selector`` says otherwise: the chart's agent node
+selector (fiar's verdict labels live only on the nodes the agent runs on)."""
 
 
 def excluded_namespaces(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = ()) -> tuple[str, ...]:
@@ -56,6 +59,14 @@ class Settings:
     excluded_namespaces: tuple[str, ...] = ALWAYS_EXCLUDED
     """Namespaces whose pods the reconciler leaves alone, as the webhooks never see them (besides
     namespaces labelled fiar.io/ignore)."""
+    node_selector: str = DEFAULT_NODE_SELECTOR
+    """Label selector of the nodes watched ("": every node)."""
+    unconfigured_interval: float = 60.0
+    """Seconds between scans for pods a policy selects that the pod webhook never configured (a
+    policy's or a namespace's change scans at once)."""
+    recreate_unconfigured: bool = False
+    """Evict the controller-owned pods a policy selects that the pod webhook never configured, so
+    that their controller recreates them through the webhook (opt-in)."""
 
     def check(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -63,6 +74,8 @@ class Settings:
         for path in (self.tls_cert, self.tls_key):
             if path is not None and not Path(path).is_file():
                 raise ConfigurationError(f"TLS file {path} does not exist (mount the webhook certificate Secret)")
+        if not self.unconfigured_interval > 0:
+            raise ConfigurationError("--unconfigured-interval must be a positive number of seconds")
         for port in (self.webhook_port, self.metrics_port):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"port {port} is out of range")

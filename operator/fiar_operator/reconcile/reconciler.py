@@ -27,6 +27,8 @@ from fiar_operator.core.policy import Policy
 from fiar_operator.core.settings import Settings
 from fiar_operator.reconcile import rules
 from fiar_operator.reconcile.events import Event, Poster, pod_ref
+from fiar_operator.reconcile.recreate import Recreator
+from fiar_operator.reconcile.scan import Scanner
 from fiar_operator.reconcile.status import Marks, StatusWriter
 from fiar_operator.reconcile.unconfigured import Unconfigured
 from fiar_operator.reconcile.webhooksync import WebhookSync
@@ -74,9 +76,26 @@ class Reconciler:
         self.heartbeats, self._stop = heartbeats, stop
         self.changes = Changes()
         marks = Marks()
-        self.unconfigured = Unconfigured(store, self.excluded, marks.mark)
+        self.unconfigured = Unconfigured(store, self.excluded, marks.mark, poke=lambda: self.scanner.poke())
+        self.scanner = Scanner(
+            kube,
+            lambda: list(self.store.policies.values()),
+            lambda: dict(self.store.namespaces),
+            self.excluded,
+            self.unconfigured.scanned,
+            settings.unconfigured_interval,
+            stop,
+            ready=lambda: self._leading and kinds.all_listed(self.store.synced),
+            metrics=metrics,
+        )
+        self.recreator = Recreator(kube, self.unconfigured, marks.mark) if settings.recreate_unconfigured else None
         self.status = StatusWriter(
-            store, kube, settings.status_interval, unconfigured=self.unconfigured.pods, marks=marks
+            store,
+            kube,
+            settings.status_interval,
+            unconfigured=self.unconfigured.pods,
+            marks=marks,
+            recreated=self.recreator.recreated if self.recreator is not None else lambda _name: 0,
         )
         self.webhooks = WebhookSync(kube, settings.webhook_config)
         self.events = Poster(kube, identity, stop, waiting=lambda: self.heartbeats.beat(liveness.RECONCILER))
@@ -102,6 +121,7 @@ class Reconciler:
     def start(self) -> None:
         self.status.start()
         self._thread.start()
+        self.scanner.start()
 
     def stop(self) -> None:
         self.status.stop()
@@ -256,11 +276,15 @@ class Reconciler:
 
     def housekeeping(self) -> list[Event]:
         """After every change (the leader only), and at least every 0.5 s: re-check the unconfigured
-        pods now and then, and the NotConfigured events the rate limit held back and now allows."""
+        pods now and then, the NotConfigured events the rate limit held back and now allows, and
+        (``--recreate-unconfigured``) the evictions it allows."""
         self.unconfigured.refresh()
         if self.webhooks.due():
             self._sync_webhooks()
-        return self.unconfigured.drain()
+        events = self.unconfigured.drain()
+        if self.recreator is not None:
+            events += self.recreator.step()
+        return events
 
     def apply(self, change: Change) -> list[Event]:
         """Reconcile one changed object, already indexed (or removed from the index)."""

@@ -15,7 +15,7 @@ until it is recreated.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any, Final
@@ -304,27 +304,6 @@ def unconfigured_by(
     return policy
 
 
-def unconfigured_pods(
-    pods: Iterable[PodRecord],
-    policies: Iterable[Policy],
-    namespaces: Mapping[str, Mapping[str, str]],
-    excluded: Callable[[str], bool],
-) -> dict[str, list[PodRecord]]:
-    """``unconfigured_by`` over many pods, by policy name; pods in ``excluded`` namespaces are left out
-    (the webhooks never see them)."""
-    candidates = list(policies)
-    found: dict[str, list[PodRecord]] = {}
-    if not candidates:
-        return found
-    for record in pods:
-        if record.managed or excluded(record.namespace):
-            continue
-        policy = unconfigured_by(record, candidates, namespaces.get(record.namespace))
-        if policy is not None:
-            found.setdefault(policy.name, []).append(record)
-    return found
-
-
 def unconfigured_message(policy: Policy) -> str:
     """The Warning event message for a pod that ``policy`` selects but the pod webhook never configured."""
     return (
@@ -430,11 +409,15 @@ def status_of(
     now: str,
     unconfigured: Sequence[str],
     counts: Mapping[str, int],
+    recreated: int = 0,
 ) -> dict[str, Any]:
-    """``policy_status`` from the ``pod_outcome`` of each pod the policy selects."""
+    """``policy_status`` from the ``pod_outcome`` of each pod the policy selects (``recreated``: the
+    unconfigured pods evicted for their controller to recreate, shown only once there are any)."""
     counts = dict(counts)
     outcome = dict.fromkeys(POD_COUNTS, 0)
     outcome["unconfigured"] = len(unconfigured)
+    if recreated:
+        outcome["recreated"] = recreated
     for found in outcomes:
         for key in found:
             outcome[key] += 1

@@ -126,9 +126,11 @@ class StatusWriter:
         unconfigured: Callable[[str], Sequence[str]] = lambda _name: (),
         monotonic: Callable[[], float] = time.monotonic,
         marks: Marks | None = None,
+        recreated: Callable[[str], int] = lambda _name: 0,
     ) -> None:
         self.store, self.kube, self.interval, self.clock = store, kube, interval, clock
         self.unconfigured = unconfigured
+        self.recreated = recreated
         self.monotonic = monotonic
         self.marks = marks if marks is not None else Marks()
         self._due: dict[str, float] = {}
@@ -219,7 +221,13 @@ class StatusWriter:
                 counts = rules.node_counts(policy, dict(self.store.nodes))
                 self._node_counts[name] = (policy, changes, counts)
             status = rules.status_of(
-                policy, self.outcomes.counted(self.store, name, policy), previous, now, self.unconfigured(name), counts
+                policy,
+                self.outcomes.counted(self.store, name, policy),
+                previous,
+                now,
+                self.unconfigured(name),
+                counts,
+                self.recreated(name),
             )
         else:
             self.outcomes.drop(name)

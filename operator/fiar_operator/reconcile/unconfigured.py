@@ -8,10 +8,12 @@ thousands of existing pods, or an operator restart, does not flood the API serve
 by the limit waits in a queue that later handler calls drain (``drain``). The status always counts
 every pod.
 
-Only the reconciler (its one thread, on the leading replica) calls in: every pod event (``pod_changed``,
-``pod_deleted``), a recomputation from the pod index when a policy or a namespace changes
-(``sweep``), and ``refresh`` on any event, which at most every ``REFRESH_INTERVAL`` checks the
-entries against the pod index: a re-list after a watch gap sends no deletions.
+The pod watch never sees such a pod (it selects the labelled ones): the scanner's paged LISTs find
+them (``scan``, on a period and at once when a policy or a namespace changes) and hand each result
+in (``scanned``). The reconciler's calls keep the entries current between scans: a configured pod
+of the same name (``pod_changed``) replaces an entry, and ``refresh``, at most every
+``REFRESH_INTERVAL``, checks them against the pod index. The eviction remedy (``--recreate-unconfigured``)
+reads the entries' controllers (``evictable``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Final
 from fiar_operator.core.pods import PodRecord
 from fiar_operator.core.policy import Policy
 from fiar_operator.reconcile import rules as reconcile
-from fiar_operator.reconcile.events import Event, TokenBucket, pod_ref
+from fiar_operator.reconcile.events import Event, TokenBucket
+from fiar_operator.reconcile.scan import Found, Pod
 from fiar_operator.state.store import Store
 
 EVENT_BURST: Final = 20
@@ -36,8 +39,9 @@ REFRESH_INTERVAL: Final = 30.0
 Key = tuple[str, str]
 
 
-def _event(record: PodRecord, policy: Policy) -> Event:
-    return Event(pod_ref(record), "Warning", "NotConfigured", reconcile.unconfigured_message(policy))
+def _event(key: Key, uid: str, policy: Policy) -> Event:
+    target = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": key[1], "namespace": key[0], "uid": uid}}
+    return Event(target, "Warning", "NotConfigured", reconcile.unconfigured_message(policy))
 
 
 class Unconfigured:
@@ -48,14 +52,14 @@ class Unconfigured:
         mark: Callable[[str], None],
         limit: TokenBucket | None = None,
         clock: Callable[[], float] = time.monotonic,
+        poke: Callable[[], None] = lambda: None,
     ) -> None:
-        self.store, self.excluded, self.mark, self.clock = store, excluded, mark, clock
+        self.store, self.excluded, self.mark, self.clock, self.poke = store, excluded, mark, clock, poke
         self.limit = limit if limit is not None else TokenBucket(EVENT_BURST, EVENTS_PER_SECOND)
         self._lock = threading.RLock()
-        """The reconciler changes, the status writer reads from its own thread. Every change below
-        happens under it, a sweep included, so no pod event interleaves with one."""
-        self._pods: dict[str, dict[Key, str]] = {}
-        """Policy name -> unconfigured pods it selects (key -> uid)."""
+        """The reconciler and the scanner change, the status writer reads, each from its own thread."""
+        self._pods: dict[str, dict[Key, Pod]] = {}
+        """Policy name -> unconfigured pods it selects."""
         self._warned: set[str] = set()
         """Uids of pods that got their NotConfigured event."""
         self._waiting: dict[str, tuple[Key, str]] = {}
@@ -65,29 +69,46 @@ class Unconfigured:
         self._swept_namespaces: dict[str, dict[str, str]] = {}
         """Namespace labels at the last sweep."""
         self._refreshed = clock()
+        self.scanned_at: float | None = None
+        """When the last scan's result came (None: none yet)."""
 
-    # -- reading (status writer) -----------------------------------------------------------------
+    # -- reading (status writer, eviction remedy) ------------------------------------------------
     def pods(self, policy: str) -> list[str]:
         """``namespace/name`` of the unconfigured pods ``policy`` selects, sorted; stale entries dropped."""
         with self._lock:
             self._check(policy)
             return sorted(f"{ns}/{name}" for ns, name in self._pods.get(policy, {}))
 
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(entries) for entries in self._pods.values())
+
+    def evictable(self) -> list[tuple[str, Key, Pod]]:
+        """(policy, key, pod) of the entries whose pod has a controller to recreate it, oldest policy first."""
+        with self._lock:
+            return [
+                (name, key, pod)
+                for name, entries in sorted(self._pods.items())
+                for key, pod in sorted(entries.items())
+                if pod.owner is not None
+            ]
+
     def _check(self, policy: str) -> bool:
-        """Drop the entries of ``policy`` the pod index no longer backs; whether any was dropped."""
+        """Drop the entries of ``policy`` whose name a configured pod now has (the pod index holds only
+        those); whether any was dropped."""
         entries = self._pods.get(policy, {})
         dropped = False
-        for key, uid in list(entries.items()):
+        for key, pod in list(entries.items()):
             record = self.store.pods.get(key)
-            if record is None or record.uid != uid or record.managed or not record.active:
+            if record is not None and (record.uid == pod.uid or record.managed):
                 del entries[key]
-                self._waiting.pop(uid, None)
+                self._waiting.pop(pod.uid, None)
                 dropped = True
         return dropped
 
     def refresh(self) -> None:
         """At most every REFRESH_INTERVAL: check every entry against the pod index and mark the
-        policies whose count fell (pods that vanished during a watch gap)."""
+        policies whose count fell."""
         with self._lock:
             if self.clock() - self._refreshed < REFRESH_INTERVAL:
                 return
@@ -96,45 +117,31 @@ class Unconfigured:
                 if self._check(name):
                     self.mark(name)
 
-    # -- pod events ------------------------------------------------------------------------------
+    # -- pod events (the pods the webhook configured) --------------------------------------------
     def pod_changed(self, record: PodRecord) -> list[Event]:
-        """Track a pod after its event; the Warning for a newly found one (rate limited)."""
+        """A configured pod's event: an entry of its name is a pod that is gone (names are unique)."""
         with self._lock:
-            policy = None
-            if not record.managed and not self.excluded(record.namespace):
-                policies = list(self.store.policies.values())
-                policy = reconcile.unconfigured_by(record, policies, self.store.namespaces.get(record.namespace))
-            self._drop(record.key, record.uid, keep=policy.name if policy else None)
-            if policy is None:
-                self._waiting.pop(record.uid, None)
-                return []
-            entries = self._pods.setdefault(policy.name, {})
-            if entries.get(record.key) != record.uid:
-                entries[record.key] = record.uid
-                self.mark(policy.name)
-            return self._warn(record, policy)
+            if record.managed:
+                self._drop(record.key, "")
+            return []
 
     def pod_deleted(self, key: Key, uid: str) -> None:
         with self._lock:
-            self._drop(key, uid, keep=None)
+            self._drop(key, uid)
             self._warned.discard(uid)
             self._waiting.pop(uid, None)
 
-    def _drop(self, key: Key, uid: str, keep: str | None) -> None:
-        """Remove the pod at ``key`` (this uid, or any when ``uid`` is empty) from every policy but ``keep``."""
+    def _drop(self, key: Key, uid: str) -> None:
+        """Remove the pod at ``key`` (this uid, or any when ``uid`` is empty) from every policy."""
         for name, entries in self._pods.items():
-            if name != keep and key in entries and (not uid or entries[key] == uid):
+            if key in entries and (not uid or entries[key].uid == uid):
                 del entries[key]
                 self.mark(name)
 
-    def _warn(self, record: PodRecord, policy: Policy) -> list[Event]:
-        if record.uid in self._warned:
-            return []
-        if self._waiting or not self.limit.take():  # first come, first served
-            self._waiting.setdefault(record.uid, (record.key, policy.name))
-            return []
-        self._warned.add(record.uid)
-        return [_event(record, policy)]
+    def _warn(self, key: Key, pod: Pod, policy: str) -> None:
+        """Queue the pod's Warning (``drain`` posts it, rate limited, first come first served)."""
+        if pod.uid not in self._warned:
+            self._waiting.setdefault(pod.uid, (key, policy))
 
     def drain(self) -> list[Event]:
         """The held-back Warnings the rate limit allows now, oldest first (pods still unconfigured only)."""
@@ -142,61 +149,68 @@ class Unconfigured:
         with self._lock:
             while self._waiting:
                 uid, (key, name) = next(iter(self._waiting.items()))
-                record, policy = self.store.pods.get(key), self.store.policies.get(name)
-                if record is None or policy is None or record.uid != uid or self._pods.get(name, {}).get(key) != uid:
+                policy, held = self.store.policies.get(name), self._pods.get(name, {}).get(key)
+                if policy is None or held is None or held.uid != uid:
                     del self._waiting[uid]
                     continue
                 if not self.limit.take():
                     break
                 del self._waiting[uid]
                 self._warned.add(uid)
-                events.append(_event(record, policy))
+                events.append(_event(key, uid, policy))
         return events
 
-    # -- recomputation ---------------------------------------------------------------------------
+    # -- scans -----------------------------------------------------------------------------------
+    def scanned(self, found: Found) -> None:
+        """A scan's result: the entries of every policy replaced (merged, when the scan was cut short:
+        what it did not reach stays as the last scan found it), the new pods' Warnings queued."""
+        with self._lock:
+            policies = self.store.policies
+            for name in set(self._pods) | set(found.pods):
+                fresh = dict(found.pods.get(name, {}))
+                if not found.complete:
+                    fresh = {**self._pods.get(name, {}), **fresh}
+                fresh = {k: p for k, p in fresh.items() if not self._configured(k, p)}
+                if {k: p.uid for k, p in self._pods.get(name, {}).items()} != {k: p.uid for k, p in fresh.items()}:
+                    self.mark(name)
+                if name in policies and fresh:
+                    self._pods[name] = fresh
+                else:
+                    self._pods.pop(name, None)
+            if found.complete:
+                alive = {p.uid for entries in self._pods.values() for p in entries.values()}
+                self._warned &= alive  # forget pods that are gone
+            for name, entries in sorted(self._pods.items()):
+                for key, pod in sorted(entries.items()):
+                    self._warn(key, pod, name)
+            self.scanned_at = self.clock()
+
+    def _configured(self, key: Key, pod: Pod) -> bool:
+        record = self.store.pods.get(key)
+        return record is not None and (record.uid == pod.uid or record.managed)
+
+    # -- policy and namespace changes ------------------------------------------------------------
     def forget_sweep(self) -> None:
-        """Make the next ``sweep`` recompute even when no policy or namespace changed (a full pass)."""
+        """Make the next ``sweep`` scan even when no policy or namespace changed."""
         with self._lock:
             self._swept_policies = None
 
     def sweep(self) -> list[Event]:
-        """Recompute the unconfigured pods after a policy was created, changed or deleted (every pod),
-        or after namespaces' labels changed (only the pods of those namespaces); nothing on status
-        writes or other events that change neither."""
+        """After a policy was created, changed or deleted, or namespaces' labels changed: the entries of
+        policies that are gone dropped at once, and a scan asked for; nothing on status writes or other
+        events that change neither."""
         with self._lock:
             policies = dict(self.store.policies)
             namespaces = {name: dict(labels) for name, labels in list(self.store.namespaces.items())}
             objects = list(self.store.policy_objects.items())
             uids = {name: str((obj.get("metadata") or {}).get("uid") or "") for name, obj in objects}
             signature = sorted((n, uids.get(n, ""), p.generation) for n, p in policies.items())
-            if signature != self._swept_policies:
-                changed: set[str] | None = None  # every namespace
-            else:
-                old = self._swept_namespaces
-                changed = {n for n in old.keys() | namespaces.keys() if old.get(n) != namespaces.get(n)}
-                if not changed:
-                    return []
+            if signature == self._swept_policies and namespaces == self._swept_namespaces:
+                return []
             self._swept_policies, self._swept_namespaces = signature, namespaces
-            pods = self.store.all_pods()
-            if changed is not None:
-                pods = [p for p in pods if p.namespace in changed]
-            found = reconcile.unconfigured_pods(pods, policies.values(), namespaces, self.excluded)
-            for name in set(self._pods) | set(found):
-                fresh = {p.key: p.uid for p in found.get(name, [])}
-                if changed is not None:  # keep the entries of the namespaces that did not change
-                    kept = self._pods.get(name, {})
-                    fresh = {k: u for k, u in kept.items() if k[0] not in changed} | fresh
-                if self._pods.get(name) != fresh:
+            for name in list(self._pods):
+                if name not in policies:
+                    del self._pods[name]
                     self.mark(name)
-                if name in policies:
-                    self._pods[name] = fresh
-                else:
-                    self._pods.pop(name, None)
-            if changed is None:
-                alive = {p.uid for p in pods}
-                self._warned &= alive  # forget pods that are gone
-            events: list[Event] = []
-            for name, records in sorted(found.items()):
-                for record in records:
-                    events += self._warn(record, policies[name])
-            return events
+        self.poke()
+        return []

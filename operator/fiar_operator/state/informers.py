@@ -1,6 +1,7 @@
 """List-and-watch threads that keep the Store current on every replica, one per watched kind.
 
-These are the operator's only watches (``kinds.WATCHED``): the webhooks run on every replica and
+These are the operator's only watches (``kinds.WATCHED``), each narrowed to its row's label selector
+(the nodes' may be set otherwise, ``--node-selector``): the webhooks run on every replica and
 need the indexes there, and on the replica that leads, the reconciler is told of each change
 (``notify``) after the index has it, so one watch feeds both.
 """
@@ -80,8 +81,11 @@ class Informer:
         watch_timeout: int = 300,
         notify: Notify | None = None,
         settle: Settle | None = None,
+        selector: str | None = None,
     ) -> None:
         self.client, self.store, self.kind, self.stop = client, store, kind, stop
+        self.selector = (kind.selector if selector is None else selector) or None
+        """The label selector of the list and the watch (None: every object)."""
         self.notify = notify
         self.settle = settle if settle is not None else Settle(store)
         self.watch_timeout = watch_timeout
@@ -95,7 +99,7 @@ class Informer:
         backoff = fiar_kube.Backoff(initial=MIN_BACKOFF, cap=MAX_BACKOFF, jitter=(0.0, 0.0))
         while not self.stop.is_set():
             try:
-                listing = self.client.list(self.kind.path)
+                listing = self.client.list(self.kind.path, self.selector)
                 self.store.replace_all(self.kind, listing)
                 version = listing.resource_version
                 self.settle.listed()
@@ -115,7 +119,9 @@ class Informer:
                 self.stop.wait(delay)
 
     def _watch(self, version: str) -> str:
-        for event in self.client.watch(self.kind.path, version, timeout_seconds=self.watch_timeout):
+        for event in self.client.watch(
+            self.kind.path, version, label_selector=self.selector, timeout_seconds=self.watch_timeout
+        ):
             event_type, obj = event.get("type"), event.get("object") or {}
             if event_type == "ERROR":
                 raise fiar_kube.status_error(obj, f"watch {self.kind.path}")
@@ -148,9 +154,15 @@ def start_all(
     store: Store,
     stop: threading.Event,
     notify: Notify | None = None,
+    selectors: Mapping[str, str] | None = None,
 ) -> list[Informer]:
+    """An informer per watched kind; ``selectors``: a label selector by kind name in place of its row's."""
     settle = Settle(store)
-    informers = [Informer(client, store, kind, stop, notify=notify, settle=settle) for kind in WATCHED]
+    chosen = selectors or {}
+    informers = [
+        Informer(client, store, kind, stop, notify=notify, settle=settle, selector=chosen.get(kind.name))
+        for kind in WATCHED
+    ]
     for informer in informers:
         informer.start()
     return informers

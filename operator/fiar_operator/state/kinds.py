@@ -1,7 +1,9 @@
-"""The kinds the operator watches, one row each.
+"""The kinds the operator watches, one row each, and what each selects.
 
-Every part that names a watched kind reads it here: the informers list and watch ``path`` and
-index each event with ``put`` and ``delete``; the store swaps a re-list's ``indexes`` in at once;
+Every part that names a watched kind reads it here: the informers list and watch ``path``, narrowed
+to ``selector`` (a label selector the API server applies: the operator never receives, parses or
+holds an object it does not select), and index each event with ``put`` and ``delete``; the store
+swaps a re-list's ``indexes`` in at once;
 readiness and the reconciler wait until every kind of ``WATCHED`` has been listed
 (``all_listed``); the reconciler's changes carry the row's ``name``. A kind watched anew is one
 row here, with its index in the store and what the reconciler does with its changes.
@@ -13,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import fiar_contract as contract
+from fiar_operator.core.settings import DEFAULT_NODE_SELECTOR
 from fiar_operator.state import kube
 from fiar_operator.state.store import Store
 
@@ -44,6 +48,11 @@ class WatchedKind:
     """The store's attributes a re-list builds anew and swaps in together."""
     relisted: Callable[[Store], object] = lambda _store: None
     """What else a re-list changes in the store."""
+    selector: str = ""
+    """The label selector of the list and watch ("": every object). An object that stops matching
+    leaves the watch with a DELETED event, as if it were deleted."""
+    selects: str = "every object"
+    """What the selector takes, in words (docs/operator.md, "What the operator watches")."""
 
 
 NODES: Final = WatchedKind(
@@ -53,6 +62,8 @@ NODES: Final = WatchedKind(
     lambda s, o: s.delete_node(_name(o)),
     ("nodes", "_node_versions"),
     relisted=Store.count_node_change,
+    selector=DEFAULT_NODE_SELECTOR,
+    selects="GPU nodes: the agent's node selector (--node-selector; fiar's verdict labels live only there)",
 )
 NAMESPACES: Final = WatchedKind(
     "namespaces",
@@ -60,6 +71,7 @@ NAMESPACES: Final = WatchedKind(
     Store.put_namespace,
     lambda s, o: s.delete_namespace(_name(o)),
     ("namespaces", "_namespace_versions"),
+    selects="every namespace (policies select them by label)",
 )
 POLICIES: Final = WatchedKind(
     "policies",
@@ -67,6 +79,7 @@ POLICIES: Final = WatchedKind(
     Store.put_policy,
     lambda s, o: s.delete_policy(_name(o), _uid(o)),
     ("policies", "policy_objects", "policy_errors"),
+    selects="every FiAllreducePolicy",
 )
 PODS: Final = WatchedKind(
     "pods",
@@ -74,6 +87,11 @@ PODS: Final = WatchedKind(
     Store.put_pod,
     lambda s, o: s.delete_pod(str(_meta(o).get("namespace")), _name(o), _uid(o)),
     ("pods", "by_node", "by_policy"),
+    selector=contract.LABEL_POD_POLICY,
+    selects=(
+        f"pods the pod webhook configured ({contract.LABEL_POD_POLICY}, set at CREATE); pods a policy selects "
+        "that it never saw are found by the unconfigured scan's paged LISTs (reconcile/scan.py)"
+    ),
 )
 
 WATCHED: Final = (NODES, NAMESPACES, POLICIES, PODS)

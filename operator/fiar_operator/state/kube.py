@@ -140,6 +140,17 @@ class Kube:
         )
         return result
 
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Evict a pod through the Eviction API (its PodDisruptionBudgets decide: ``TooManyRequests``
+        while one forbids it); the uid precondition keeps a same-named successor untouched."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        self.call("POST", f"{NAMESPACES}/{segment(namespace)}/pods/{segment(name)}/eviction", body=body)
+
     def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.call(
             "PATCH", f"{POLICIES}/{segment(name)}/status", body={"status": dict(status)}, content_type=MERGE_PATCH

@@ -1,5 +1,8 @@
 """The operator's in-memory indexes: nodes, namespaces, policies, pods, and the admission memo.
 
+They hold what the watches select (``kinds.WATCHED``): GPU nodes, every namespace and policy, and
+only the pods the pod webhook configured, so they grow with what fiar manages, not with the cluster.
+
 Informer threads write (and the reconciler, the pods it patched); the webhooks only read. Writers hold one lock; readers
 take single dict lookups (atomic in CPython) or copies made under the lock, so a webhook never
 waits on a writer for long and never calls the API server for an object the indexes know.
@@ -11,6 +14,7 @@ update whose resourceVersion is older than the stored one is ignored.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +38,37 @@ MEMO_TTL: Final = 120.0
 event (usually milliseconds apart); after that the pod index answers."""
 ENTRY_OVERHEAD: Final = 600
 """Estimated bytes of an entry beyond its strings (objects, dict slots, the key)."""
+
+
+SAMPLE: Final = 200
+"""Records whose deep size estimates an index's bytes (``Store.index_bytes``)."""
+BYTES_TTL: Final = 30.0
+"""Seconds an estimate of the indexes' bytes is kept."""
+
+
+def _deep_size(obj: object, seen: set[int]) -> int:
+    """Bytes of ``obj`` and what it holds (containers, dataclass fields), each object once."""
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, str | bytes | int | float | bool) or obj is None:
+        return size
+    if isinstance(obj, Mapping):
+        return size + sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, tuple | list | set | frozenset):
+        return size + sum(_deep_size(item, seen) for item in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is not None:
+        return size + sum(_deep_size(getattr(obj, name, None), seen) for name in fields)
+    return size
+
+
+def _estimate(sample: list[tuple[Any, Any]], count: int) -> int:
+    if not sample:
+        return 0
+    total = sum(_deep_size(item, set()) for item in sample)
+    return total * count // len(sample)
 
 
 def _newer(new: str, old: str) -> bool:
@@ -135,6 +170,7 @@ class Store:
         self._memo: OrderedDict[tuple[str, str, bool], MemoEntry] = OrderedDict()
         self._memo_bytes = 0
         self.synced: dict[str, bool] = {}
+        self._bytes: tuple[float, dict[str, int]] | None = None
 
     # -- nodes -----------------------------------------------------------------------------------
     def put_node(self, obj: Mapping[str, Any]) -> None:
@@ -208,10 +244,21 @@ class Store:
 
     # -- pods ------------------------------------------------------------------------------------
     def put_pod(self, obj: Mapping[str, Any]) -> PodRecord:
+        """Index a pod the pod webhook configured (its ``fiar.io/policy`` label: what the pod watch
+                selects); the record of any other pod is returned and not kept, since no watch event would
+                ever remove it (a pod the binding webhook had to read); a newer version of an indexed pod that lost
+        the label removes it, as its watch event will."""
         meta = obj.get("metadata") or {}
         held = self.pods.get((str(meta.get("namespace") or ""), str(meta.get("name") or ""))) if meta else None
         record = pod_record(obj, previous=held)  # ``held`` is a hint only: pod_record checks uid and generation
         key = record.key  # one tuple for the pod's entries in every index
+        if not record.managed:
+            with self._lock:  # a newer version of an indexed pod without the label: it left the selection
+                old = self.pods.get(key)
+                if old is not None and old.uid == record.uid and _newer(record.resource_version, old.resource_version):
+                    del self.pods[key]
+                    self._unindex(old)
+            return record
         with self._lock:
             old = self.pods.get(key)
             if old is not None and old.uid == record.uid and not _newer(record.resource_version, old.resource_version):
@@ -358,6 +405,23 @@ class Store:
     def memo_bytes(self) -> int:
         """Estimated bytes the admission memo holds."""
         return self._memo_bytes
+
+    def index_bytes(self) -> dict[str, int]:
+        """Estimated bytes of the pod and node indexes: the deep size of up to ``SAMPLE`` records
+        (strings shared between records counted once per record), times the records held, cached
+        for ``BYTES_TTL`` seconds (a scrape never walks every record)."""
+        now = self._clock()
+        if self._bytes is not None and now - self._bytes[0] < BYTES_TTL:
+            return self._bytes[1]
+        with self._lock:
+            pods, nodes = list(self.pods.items())[:SAMPLE], list(self.nodes.items())[:SAMPLE]
+            counts = (len(self.pods), len(self.nodes))
+        found = {
+            "pods": _estimate(pods, counts[0]),
+            "nodes": _estimate(nodes, counts[1]),
+        }
+        self._bytes = (now, found)
+        return found
 
     def sizes(self) -> dict[str, int]:
         return {

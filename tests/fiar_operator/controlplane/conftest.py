@@ -79,6 +79,8 @@ class Operator:
             str(self.metrics_port),
             "--status-interval",
             "0.3",
+            "--unconfigured-interval",
+            "1",
             "--verbose",
         ]
         with self.log.open("ab") as out:
@@ -231,7 +233,7 @@ class Kit:
         return wait_for(predicate, timeout, what)
 
     def node(self, name: str, verdict: str | None, **labels: str) -> str:
-        full = {f"pool-{self.unique}": "gpu", **labels}
+        full = {f"pool-{self.unique}": "gpu", **workloads.GPU_PRESENT, **labels}
         if verdict is not None:
             full["fiar.io/backend"] = verdict
         self.plane.add_node(name, labels=full)

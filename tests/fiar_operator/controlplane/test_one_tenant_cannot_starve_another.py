@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import fiar_contract as contract
+from devcluster import workloads
 from devcluster.cluster import ControlPlane
 from fiar_operator.core.errors import ApiError
 from fiar_operator.core.policy import LWS_SIZE
@@ -26,7 +27,12 @@ from .conftest import SESSION_LABEL, Kit, Operator
 NODES = 300
 VICTIM_PODS = 20
 ATTACKERS = 8
-MNNVL = {contract.LABEL_BACKEND: "mnnvl", contract.LABEL_MNNVL: "pass", contract.LABEL_CLIQUE: "clique-a"}
+MNNVL = {
+    **workloads.GPU_PRESENT,
+    contract.LABEL_BACKEND: "mnnvl",
+    contract.LABEL_MNNVL: "pass",
+    contract.LABEL_CLIQUE: "clique-a",
+}
 
 
 class Tenant:

@@ -31,7 +31,7 @@ def test_older_updates_never_replace_newer_ones() -> None:
     assert store.pods[("ml", "a")].node == "n"
 
 
-def test_pods_are_indexed_by_node_and_policy_and_moved_on_update() -> None:
+def test_pods_are_indexed_by_node_and_policy_and_leave_when_they_lose_the_policy_label() -> None:
     store = Store()
     store.put_pod(pod("a", "u1", "1"))
     assert store.pods_of_policy("p")[0].name == "a" and store.pods_on_node("n") == []
@@ -39,7 +39,14 @@ def test_pods_are_indexed_by_node_and_policy_and_moved_on_update() -> None:
     assert [p.name for p in store.pods_on_node("n")] == ["a"]
     store.put_pod(pod("a", "u1", "3", node="n", policy=None))
     assert store.pods_on_node("n") == [] and store.pods_of_policy("p") == []
-    assert store.sizes()["pods"] == 1 and store.sizes()["managed_pods"] == 0
+    assert store.sizes()["pods"] == 0 and store.sizes()["managed_pods"] == 0, "the pod watch no longer selects it"
+
+
+def test_a_pod_without_the_policy_label_is_never_indexed() -> None:
+    store = Store()
+    record = store.put_pod(pod("web", "u2", "1", node="n", policy=None))
+    assert record.name == "web" and not record.managed
+    assert store.pods == {} and store.by_node == {} and store.by_policy == {}
 
 
 def test_deleting_a_predecessor_keeps_its_same_named_successor() -> None:
