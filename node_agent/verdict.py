@@ -33,6 +33,9 @@ Labels (values are exactly those of ``fiar_contract``):
 ``fiar.io/clique``
     ``<clusterUUID>.<cliqueId>`` when every GPU's fabric is COMPLETED in one clique of a non-zero
     cluster; absent otherwise (single-node NVSwitch fabrics report an all-zero cluster UUID).
+``fiar.io/compute-capability``
+    the CUDA compute capability every GPU shares (``9.0``, ``10.0``); absent when the GPUs differ, a
+    GPU's could not be read, or there are none (``compute_capability``).
 
 The probe is ``degraded`` when a step could not give an answer (no inventory, a timeout, missing
 software, busy GPUs, kernels that could not be built or loaded); a backend that fails its test is a
@@ -78,7 +81,9 @@ VERDICT_LABELS = (
     contract.LABEL_MNNVL_WORKSPACE,
     *contract.RESULT_LABELS,
 )
-"""The labels a smoke test decides; ``fiar.io/gpus`` and ``fiar.io/clique`` are read from NVML."""
+"""The labels a smoke test decides; ``HARDWARE_LABELS`` are read from NVML."""
+HARDWARE_LABELS = (contract.LABEL_GPUS, contract.LABEL_CLIQUE, contract.LABEL_COMPUTE_CAPABILITY)
+"""The labels read from NVML: kept from an earlier report, with its verdict, while the GPUs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class PreviousVerdict:
     labels: Mapping[str, str]
     probe_time: str
     hardware: Mapping[str, str] = field(default_factory=dict)
-    """``fiar.io/gpus`` and ``fiar.io/clique`` of that report: kept too when the GPUs cannot be read."""
+    """The ``HARDWARE_LABELS`` of that report: kept too when the GPUs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -325,12 +330,23 @@ def conclude(
     return Conclusion(True, untested, "backend none: no backend passed its smoke test and benchmark")
 
 
+def compute_capability(inv: Inventory) -> str | None:
+    """The compute capability every GPU shares, or None (GPUs that differ, one not read, none)."""
+    values = {g.cc for g in inv.gpus}
+    only = values.pop() if len(values) == 1 else None
+    return contract.compute_capability_text(only) if only is not None else None
+
+
 def hardware_labels(inv: Inventory | None) -> dict[str, str]:
-    """``fiar.io/gpus`` (0 when the GPUs cannot be read) and ``fiar.io/clique`` where the fabric has one."""
+    """``fiar.io/gpus`` (0 when the GPUs cannot be read), ``fiar.io/clique`` where the fabric has one and
+    ``fiar.io/compute-capability`` where every GPU shares one."""
     labels = {contract.LABEL_GPUS: str(len(inv.gpus) if inv is not None else 0)}
-    value = clique(inv) if inv is not None else None
-    if value is not None:
-        labels[contract.LABEL_CLIQUE] = value
+    for key, value in (
+        (contract.LABEL_CLIQUE, clique(inv) if inv is not None else None),
+        (contract.LABEL_COMPUTE_CAPABILITY, compute_capability(inv) if inv is not None else None),
+    ):
+        if value is not None:
+            labels[key] = value
     return labels
 
 

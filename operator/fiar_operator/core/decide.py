@@ -417,7 +417,7 @@ def decide(
             reason,
             _verified_backends(policy, facts, group, reason),
             group.multi,
-            (node_labels or {}).get(contract.LABEL_MULTICAST),
+            facts.compute_capability if facts is not None else None,
         ),
     )
     return respect_options(decision, policy, facts, group, options)
@@ -429,13 +429,13 @@ def _sglang_flag(
     reason: Reason,
     verified: frozenset[contract.Backend],
     multi: bool,
-    multicast: str | None = None,
+    compute_capability: tuple[int, int] | None = None,
 ) -> contract.SglangFlag:
     """SGLang's option for the decision: the engine's own choice under fusionControl Disabled (it
     leaves vLLM's fusion on too), else ``sglang.sglang_flag``."""
     if policy.fusion_control == "Disabled":
         return "engine"
-    return sglang.sglang_flag(fusion_of, reason == VERIFIED_REASON, verified, multi, multicast)
+    return sglang.sglang_flag(fusion_of, reason == VERIFIED_REASON, verified, multi, compute_capability)
 
 
 def _verified_backends(
