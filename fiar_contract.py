@@ -53,6 +53,9 @@ LABEL_GPUS: Final = "fiar.io/gpus"
 """Number of GPUs, as a decimal string."""
 LABEL_CLIQUE: Final = "fiar.io/clique"
 """``<clusterUUID>.<cliqueId>`` when the NVLink fabric reports one; absent otherwise."""
+LABEL_FLASHINFER: Final = "fiar.io/flashinfer"
+"""The flashinfer-python version the node's smoke tests imported (the kernels its verdict was made with;
+the installed one where no test ran); absent when not known or not a plain release number."""
 LABEL_COMPUTE_CAPABILITY: Final = "fiar.io/compute-capability"
 """The CUDA compute capability every GPU of the node shares, ``<major>.<minor>`` (``9.0``: H100/H200;
 ``10.0``: B200/GB200; ``10.3``: B300); absent when the GPUs differ or one could not be read. The GPU
@@ -70,6 +73,7 @@ AGENT_LABELS: Final = (
     LABEL_GPUS,
     LABEL_CLIQUE,
     LABEL_COMPUTE_CAPABILITY,
+    LABEL_FLASHINFER,
 )
 
 # -- Node annotations ---------------------------------------------------------------------------------
@@ -221,6 +225,15 @@ def compute_capability_value(raw: object) -> tuple[int, int] | None:
     the form the agent writes: a label value is untrusted input."""
     found = _CC_TEXT.fullmatch(raw) if isinstance(raw, str) else None
     return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+_FLASHINFER_TEXT: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}(\.post[0-9]{1,3})?")
+
+
+def flashinfer_value(raw: object) -> str | None:
+    """``raw`` (a FlashInfer version, or a ``fiar.io/flashinfer`` label) when it is a plain release number
+    such as ``0.7.2.post1`` (which is also a label value), else None: untrusted input."""
+    return raw if isinstance(raw, str) and _FLASHINFER_TEXT.fullmatch(raw) else None
 
 
 def verdict_value(raw: object) -> Verdict | None:

@@ -232,6 +232,12 @@ def reusable_tests(previous: PreviousReport | None, fingerprint: str) -> dict[co
     }
 
 
+def _allowed(key: str, value: str) -> bool:
+    if key == contract.LABEL_FLASHINFER:
+        return contract.flashinfer_value(value) is not None
+    return value in _ALLOWED_VALUES.get(key, ())
+
+
 def previous_verdict(
     previous: PreviousReport | None, fingerprint: str | None, multicast_forbidden: bool
 ) -> PreviousVerdict | None:
@@ -248,7 +254,7 @@ def previous_verdict(
         return None
     labels = previous.labels
     kept = {k: labels[k] for k in VERDICT_LABELS if k in labels}
-    if contract.LABEL_BACKEND not in kept or any(v not in _ALLOWED_VALUES[k] for k, v in kept.items()):
+    if contract.LABEL_BACKEND not in kept or not all(_allowed(k, v) for k, v in kept.items()):
         return None
     # labels kept by an inconclusive probe still date from the probe that concluded them
     when = previous.labels_kept_from or previous.probe_time

@@ -33,6 +33,9 @@ Labels (values are exactly those of ``fiar_contract``):
 ``fiar.io/clique``
     ``<clusterUUID>.<cliqueId>`` when every GPU's fabric is COMPLETED in one clique of a non-zero
     cluster; absent otherwise (single-node NVSwitch fabrics report an all-zero cluster UUID).
+``fiar.io/flashinfer``
+    the flashinfer-python version the smoke tests imported (else the installed one): the kernels the
+    verdict was made with (``verdict_flashinfer``); absent when not known or not a plain release number.
 ``fiar.io/compute-capability``
     the CUDA compute capability every GPU shares (``9.0``, ``10.0``); absent when the GPUs differ, a
     GPU's could not be read, or there are none (``compute_capability``).
@@ -79,6 +82,7 @@ VERDICT_LABELS = (
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
     contract.LABEL_MNNVL_WORKSPACE,
+    contract.LABEL_FLASHINFER,
     *contract.RESULT_LABELS,
 )
 """The labels a smoke test decides; ``HARDWARE_LABELS`` are read from NVML."""
@@ -368,6 +372,8 @@ def keep_previous(found: Settled, inv: Inventory | None, untested: Sequence[str]
     for key in VERDICT_LABELS:
         if key in previous.labels:
             labels[key] = previous.labels[key]
+    if contract.LABEL_FLASHINFER not in previous.labels:  # the kept verdict's kernels are not known
+        labels.pop(contract.LABEL_FLASHINFER, None)
     if inv is None:
         labels.update(previous.hardware)
     multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), found.multicast)
@@ -393,6 +399,17 @@ def claim_nothing(found: Settled, inv: Inventory | None, untested: Sequence[str]
     return Settled(labels, None, found.multicast, reason)
 
 
+def verdict_flashinfer(tests: Mapping[contract.Backend, SmokeOutcome], installed: str | None) -> str | None:
+    """``fiar.io/flashinfer``: the FlashInfer a smoke test imported (what it ran beats package metadata),
+    else the ``installed`` one; None when neither is a plain release number."""
+    imported = [t.measured.versions.get("flashinfer") for t in tests.values()]
+    for raw in (*imported, installed):
+        value = contract.flashinfer_value(raw)
+        if value is not None:
+            return value
+    return None
+
+
 def decide(
     inv: Inventory | None,
     policy: HostPolicy,
@@ -401,6 +418,7 @@ def decide(
     margin: float = DEFAULT_BENCH_MARGIN,
     inventory_error: str | None = None,
     previous: PreviousVerdict | None = None,
+    flashinfer: str | None = None,
 ) -> Verdict:
     """The labels and reasons of one probe: the rules above, composed."""
     proof = tests[backends.MULTICAST_PROOF]
@@ -417,6 +435,9 @@ def decide(
         **{contract.result_label(name): tests[name].result for name in backends.NAMES},
         **hardware_labels(inv),
     }
+    used = verdict_flashinfer(tests, flashinfer)
+    if used is not None:
+        labels[contract.LABEL_FLASHINFER] = used
     found = Settled(labels, choice.backend, multicast.state, conclusion.reason)
     if conclusion.conclusive:
         settled = found

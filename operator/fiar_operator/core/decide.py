@@ -120,6 +120,13 @@ class Decision:
     """The values fiar left out because an option of the pod makes vLLM refuse them, each with why."""
     release_qualified: bool | None = None
     """Whether ``release`` is on a line fiar qualified (``releases.QUALIFIED``; None: release not known)."""
+    node_flashinfer: str | None = None
+    """The FlashInfer the node's verdict was made with (its agent's ``fiar.io/flashinfer``)."""
+    pod_flashinfer: str | None = None
+    """The FlashInfer the pod's vLLM release pins (``releases.FLASHINFER_PINS``)."""
+    same_flashinfer_comm: bool | None = None
+    """Whether the two have the same workspace and multicast code (``releases.same_flashinfer_comm``;
+    None: not known)."""
 
     @property
     def verified(self) -> bool:
@@ -172,6 +179,13 @@ class Decision:
             doc["notApplied"] = list(self.not_applied)
         if self.release_qualified is False:
             doc["releaseQualified"] = False
+        for key, known in (
+            ("nodeFlashinfer", self.node_flashinfer),
+            ("podFlashinfer", self.pod_flashinfer),
+            ("sameFlashinferComm", self.same_flashinfer_comm),
+        ):
+            if known is not None:
+                doc[key] = known
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -411,6 +425,11 @@ def decide(
         not_turned_off=not_turned_off,
         release=release,
         release_qualified=qualified,
+        node_flashinfer=facts.flashinfer if facts is not None else None,
+        pod_flashinfer=releases.flashinfer_pin(release),
+        same_flashinfer_comm=releases.same_flashinfer_comm(
+            releases.flashinfer_pin(release), facts.flashinfer if facts is not None else None
+        ),
         sglang_flag=_sglang_flag(
             policy,
             fusion_of,

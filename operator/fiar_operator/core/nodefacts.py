@@ -52,6 +52,8 @@ class NodeFacts:
     """``fiar.io/mnnvl-workspace``: how the node's own mnnvl workspace creation ended (None: not known)."""
     compute_capability: tuple[int, int] | None = None
     """``fiar.io/compute-capability``: the one compute capability of the node's GPUs (None: not known)."""
+    flashinfer: str | None = None
+    """``fiar.io/flashinfer``: the FlashInfer the node's verdict was made with (None: not known)."""
 
     @property
     def multicast_verified(self) -> bool:
@@ -84,6 +86,7 @@ def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
         multicast_usable(labels),
         mnnvl_workspace(labels),
         contract.compute_capability_value(labels.get(contract.LABEL_COMPUTE_CAPABILITY)),
+        contract.flashinfer_value(labels.get(contract.LABEL_FLASHINFER)),
     )
 
 

@@ -40,6 +40,7 @@ H200X1 = {
     contract.LABEL_TRTLLM: "skipped",
     contract.LABEL_GPUS: "1",
     contract.LABEL_COMPUTE_CAPABILITY: "9.0",
+    contract.LABEL_FLASHINFER: "0.6.13",
 }
 START = 1000.0
 QUICK = ProbeConfig(timeout_s=30, benchmark=False)

@@ -18,7 +18,7 @@ from node_agent import inventory, report
 from node_agent.hardware import SimulatedHardware
 from node_agent.probe import ProbeConfig, arch_mismatch, probe
 
-B, M, U, MN, T, G, CC = (
+B, M, U, MN, T, G, CC, F = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
@@ -26,6 +26,7 @@ B, M, U, MN, T, G, CC = (
     contract.LABEL_TRTLLM,
     contract.LABEL_GPUS,
     contract.LABEL_COMPUTE_CAPABILITY,
+    contract.LABEL_FLASHINFER,
 )
 
 
@@ -54,7 +55,7 @@ def test_unreadable_gpus_give_a_degraded_verdict(
         environ={},
     )
     assert time.monotonic() - start < 20
-    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}, (
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0", F: "0.6.13"}, (
         "no backend label: not probed"
     )
     assert result.exit_code == 1
@@ -157,7 +158,8 @@ def test_missing_software_skips_the_tests(
     hw = recorder(host_file("h100x8-nvswitch-healthy", _sim(software=software)))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "8", CC: "9.0"}
+    installed = {F: "0.6.13"} if missing != "flashinfer" else {}
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "8", CC: "9.0", **installed}
     assert f"{missing} not installed" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
 

@@ -17,7 +17,7 @@ import fiar_contract as contract
 from node_agent import hardware, report
 from node_agent.probe import ProbeConfig, probe
 
-B, M, U, W, MN, T, G, C, CC = (
+B, M, U, W, MN, T, G, C, CC, F = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
@@ -27,7 +27,9 @@ B, M, U, W, MN, T, G, C, CC = (
     contract.LABEL_GPUS,
     contract.LABEL_CLIQUE,
     contract.LABEL_COMPUTE_CAPABILITY,
+    contract.LABEL_FLASHINFER,
 )
+FI = "0.6.13"  # the FlashInfer the modelled and device fixtures record
 
 EXPECTED = {
     # recorded: 2x H200 SXM, NVSwitch, multicast forbidden by the host's environment
@@ -42,6 +44,7 @@ EXPECTED = {
         T: "pass",
         G: "8",
         CC: "9.0",
+        F: FI,
     },
     # modelled after vllm#48071: workspace with a null multicast pointer; trtllm works but is ~10x NCCL
     "h200nvl-bridge-null-multicast": {
@@ -53,6 +56,7 @@ EXPECTED = {
         T: "pass",
         G: "8",
         CC: "9.0",
+        F: FI,
     },
     # modelled: PCIe only, attribute 0, no peer access
     "h100x4-pcie-no-nvlink": {
@@ -64,6 +68,7 @@ EXPECTED = {
         T: "fail",
         G: "4",
         CC: "9.0",
+        F: FI,
     },
     # modelled after NVIDIA/nccl#1788: NVSwitch host whose fabric manager is down; attribute 1, bind fails
     "h100x8-nvswitch-fabric-manager-down": {
@@ -75,6 +80,7 @@ EXPECTED = {
         T: "pass",
         G: "8",
         CC: "9.0",
+        F: FI,
     },
     # modelled: GB200 NVL72 tray in a fabric clique
     "gb200-nvl72-clique": {
@@ -87,12 +93,13 @@ EXPECTED = {
         G: "4",
         C: "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766",
         CC: "10.0",
+        F: FI,
     },
 }
 
 RECORDED_DEVICE_HOSTS = {
     # recorded by bench/agent_gpu_verify.sh on the device hosts (see BENCHMARKS.md)
-    "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2", CC: "9.0"},
+    "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2", CC: "9.0", F: FI},
     "h200x1-device": {
         B: "none",
         M: "disabled",
@@ -102,6 +109,7 @@ RECORDED_DEVICE_HOSTS = {
         T: "skipped",
         G: "1",
         CC: "9.0",
+        F: FI,
     },
 }
 

@@ -24,6 +24,7 @@ from node_agent.verdict import (
     judge_bench,
     keep_previous,
     multicast_state,
+    verdict_flashinfer,
 )
 
 NO_POLICY = HostPolicy(False)
@@ -485,3 +486,33 @@ def test_multicast_usability_and_the_mnnvl_workspace_end_follow_the_rules(
 def test_an_inconclusive_probe_keeps_the_previous_multicast_usability() -> None:
     verdict = decide(TWO, NO_POLICY, {"mnnvl": MN_HANG, "trtllm": TR_BUSY}, previous=PREVIOUS)
     assert verdict.labels[contract.LABEL_MULTICAST_USABLE] == "forbidden"
+
+
+def _imported(version: str | None) -> SmokeOutcome:
+    measured = Measurements(versions={"flashinfer": version} if version else {})
+    return SmokeOutcome("trtllm", "pass", "ok", devices=(0, 1), measured=measured)
+
+
+@pytest.mark.parametrize(
+    ("imported", "installed", "label"),
+    [
+        ("0.7.2.post1", "0.6.13", "0.7.2.post1"),  # what the test ran beats package metadata
+        (None, "0.7.2.post1", "0.7.2.post1"),
+        (None, "simulated", None),
+        ("0.7.2+cu130", None, None),  # not a label value: not known
+        (None, None, None),
+    ],
+)
+def test_the_flashinfer_label_names_the_kernels_the_tests_ran(
+    imported: str | None, installed: str | None, label: str | None
+) -> None:
+    tests = {"mnnvl": MN_POLICY, "trtllm": _imported(imported)}
+    assert verdict_flashinfer(tests, installed) == label
+    assert decide(TWO, FORBID, tests, flashinfer=installed).labels.get(contract.LABEL_FLASHINFER) == label
+
+
+def test_a_kept_verdict_keeps_the_flashinfer_it_was_made_with_and_no_other() -> None:
+    found = Settled({**FOUND.labels, contract.LABEL_FLASHINFER: "0.7.4"}, "none", "unknown")
+    assert contract.LABEL_FLASHINFER not in keep_previous(found, TWO, ("trtllm",), PREVIOUS).labels
+    made = PreviousVerdict({**PREVIOUS.labels, contract.LABEL_FLASHINFER: "0.7.2.post1"}, PREVIOUS.probe_time)
+    assert keep_previous(found, TWO, ("trtllm",), made).labels[contract.LABEL_FLASHINFER] == "0.7.2.post1"
