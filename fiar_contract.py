@@ -8,6 +8,7 @@ for ``VLLM_FLASHINFER_ALLREDUCE_BACKEND`` and raises ``ValueError`` on anything 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -53,6 +54,13 @@ LABEL_GPUS: Final = "fiar.io/gpus"
 """Number of GPUs, as a decimal string."""
 LABEL_CLIQUE: Final = "fiar.io/clique"
 """``<clusterUUID>.<cliqueId>`` when the NVLink fabric reports one; absent otherwise."""
+LABEL_FLASHINFER: Final = "fiar.io/flashinfer"
+"""The flashinfer-python version the node's smoke tests imported (the kernels its verdict was made with;
+the installed one where no test ran); absent when not known or not a plain release number."""
+LABEL_COMPUTE_CAPABILITY: Final = "fiar.io/compute-capability"
+"""The CUDA compute capability every GPU of the node shares, ``<major>.<minor>`` (``9.0``: H100/H200;
+``10.0``: B200/GB200; ``10.3``: B300); absent when the GPUs differ or one could not be read. The GPU
+generation an engine's own backend choice depends on (SGLang: ``operator/fiar_operator/core/sglang.py``)."""
 
 LABEL_GFD_CLIQUE: Final = "nvidia.com/gpu.clique"
 """The same ``<clusterUUID>.<cliqueId>``, written by NVIDIA GPU Feature Discovery; read, never written."""
@@ -65,6 +73,8 @@ AGENT_LABELS: Final = (
     *RESULT_LABELS,
     LABEL_GPUS,
     LABEL_CLIQUE,
+    LABEL_COMPUTE_CAPABILITY,
+    LABEL_FLASHINFER,
 )
 
 # -- Node annotations ---------------------------------------------------------------------------------
@@ -246,6 +256,30 @@ HOST_POLICY_ENV: Final = {g.env: g.off for g in MULTICAST_GUARD}
 def backend_value(raw: object) -> Backend | None:
     """``raw`` as a backend, or None: a label or spec value is untrusted input."""
     return next((b for b in BACKENDS if b == raw), None)
+
+
+def compute_capability_text(cc: tuple[int, int]) -> str:
+    """The ``fiar.io/compute-capability`` value of ``cc``: ``(9, 0)`` -> ``9.0``."""
+    return f"{cc[0]}.{cc[1]}"
+
+
+_CC_TEXT: Final = re.compile(r"([1-9][0-9]?)\.([0-9])")
+
+
+def compute_capability_value(raw: object) -> tuple[int, int] | None:
+    """``raw`` (a ``fiar.io/compute-capability`` label) as (major, minor), or None when absent or not of
+    the form the agent writes: a label value is untrusted input."""
+    found = _CC_TEXT.fullmatch(raw) if isinstance(raw, str) else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+_FLASHINFER_TEXT: Final = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}(\.post[0-9]{1,3})?")
+
+
+def flashinfer_value(raw: object) -> str | None:
+    """``raw`` (a FlashInfer version, or a ``fiar.io/flashinfer`` label) when it is a plain release number
+    such as ``0.7.2.post1`` (which is also a label value), else None: untrusted input."""
+    return raw if isinstance(raw, str) and _FLASHINFER_TEXT.fullmatch(raw) else None
 
 
 def verdict_value(raw: object) -> Verdict | None:

@@ -49,6 +49,7 @@ from devcluster.kubelet import container_process
 from fiar_operator.admission.mutation import plan_pod_create
 from fiar_operator.core import decide, patches
 from fiar_operator.core.decide import GroupPlan
+from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND, node_facts
 from fiar_operator.core.policy import parse_policy
 from fiar_operator.core.selectors import node_constraint
 
@@ -57,12 +58,13 @@ CACHE = Path(os.environ.get("FIAR_SGLANG_CHECK_DIR", Path.home() / ".cache" / "f
 PARSE_DEPS = ("ipython", "gguf")
 MODEL = "{model}"
 CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
-B, M, MN, T, C = (
+B, M, MN, T, C, CC = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MNNVL,
     contract.LABEL_TRTLLM,
     contract.LABEL_CLIQUE,
+    contract.LABEL_COMPUTE_CAPABILITY,
 )
 
 NODES: dict[str, tuple[dict[str, str], GroupPlan]] = {
@@ -70,6 +72,7 @@ NODES: dict[str, tuple[dict[str, str], GroupPlan]] = {
     "mnnvl+trtllm": ({B: "mnnvl", M: "supported", MN: "pass", T: "pass"}, GroupPlan()),
     "trtllm, no multicast": ({B: "trtllm", M: "unsupported", MN: "skipped", T: "pass"}, GroupPlan()),
     "trtllm, multicast disabled": ({B: "trtllm", M: "disabled", MN: "skipped", T: "pass"}, GroupPlan()),
+    "mnnvl, trtllm failed": ({B: "mnnvl", M: "supported", MN: "pass", T: "fail"}, GroupPlan()),
     "none": ({B: "none", M: "unsupported", MN: "fail", T: "fail"}, GroupPlan()),
 }
 GROUPS: dict[str, tuple[dict[str, str], GroupPlan]] = {
@@ -87,7 +90,8 @@ MODELS = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "LlamaForCausalLM": "llama",
 }
-PLATFORMS = ("sm90", "sm100")
+PLATFORMS = {"sm90": "9.0", "sm100": "10.0"}
+"""SGLang's platform -> the ``fiar.io/compute-capability`` the agent writes for such GPUs."""
 
 FORMS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # name: (entry, container, user settings that must survive: ServerArgs field -> value)
@@ -201,6 +205,13 @@ def _fill(value: Any, model: str) -> Any:
     return value
 
 
+def _verified(labels: dict[str, str], decision: decide.Decision) -> frozenset[str]:
+    """The backends the pod's node (a group: its one multi-node backend) verifies where its fusion is on."""
+    if not decision.verified:
+        return frozenset()
+    return frozenset({MULTI_NODE_BACKEND}) if decision.group else node_facts("gpu-1", labels).verified
+
+
 def cases(models: dict[str, str]) -> list[dict[str, Any]]:
     """``models``: architecture -> local model folder."""
     policy = parse_policy({"metadata": {"name": "sglang"}, "spec": {"podSelector": {}}})
@@ -219,12 +230,13 @@ def cases(models: dict[str, str]) -> list[dict[str, Any]]:
             control = sglang_tokens(entry, container, control_argv, control_env)
             control = [t for t in control if t != "--log-level=info"]
             for verdict, (labels, group) in nodes.items():
-                decision = decide.decide(policy, "gpu-1", labels, group, {"gpu-1": labels})
-                bound = copy.deepcopy(pod)
-                bound["metadata"]["annotations"].update(decision.annotations())
-                mutated = bound["spec"]["containers"][0]
-                argv, env = container_process(bound, mutated)
-                for platform in PLATFORMS:
+                for platform, cc in PLATFORMS.items():
+                    labelled = {**labels, CC: cc}
+                    decision = decide.decide(policy, "gpu-1", labelled, group, {"gpu-1": labelled})
+                    bound = copy.deepcopy(pod)
+                    bound["metadata"]["annotations"].update(decision.annotations())
+                    mutated = bound["spec"]["containers"][0]
+                    argv, env = container_process(bound, mutated)
                     found.append(
                         {
                             "form": form,
@@ -236,6 +248,8 @@ def cases(models: dict[str, str]) -> list[dict[str, Any]]:
                             "tokens": sglang_tokens(entry, mutated, argv, env),
                             "control": control,
                             "user": user,
+                            "multi": group.multi,
+                            "verified": sorted(_verified(labelled, decision)),
                         }
                     )
     llama = models["LlamaForCausalLM"]
@@ -295,6 +309,18 @@ def resolve(tokens, entry, platform):
         args.resolve_once()
         return resolving_view(args)
 
+def runs(backend, platform, multi):
+    # what SGLang's own _resolve_backend makes of the backend at start-up on the platform
+    if backend is None:
+        return None
+    from sglang.srt.layers.flashinfer_comm_fusion import _resolve_backend
+    facts = {k: v for k, v in FACTS[platform].items() if k in known}
+    with override_platform(**facts):
+        try:
+            return _resolve_backend(backend, is_multi_node=multi)
+        except ValueError as exc:
+            return "raises: " + str(exc)[:120]
+
 results = []
 for case in cases:
     result = {}
@@ -308,6 +334,7 @@ for case in cases:
         if "control" in case:
             own = resolve(case["control"], case["entry"], case["platform"])
             result["own"] = own.flashinfer_allreduce_fusion_backend
+            result["runs"] = runs(result["backend"], case["platform"], case["multi"])
     except BaseException as exc:
         result["error"] = type(exc).__name__
         result["message"] = str(exc)[:300]
@@ -390,11 +417,17 @@ def verdicts(found: list[dict[str, Any]], doc: dict[str, Any]) -> list[dict[str,
                 fused = result["backend"] is None and result["enforce"]
             else:
                 fused = result["backend"] == result["own"] and not result["enforce"]
+            # what runs at start-up (cutedsl on mnnvl's multicast fabric memory) is verified on the node
+            runs = "mnnvl" if result["runs"] == "cutedsl" else result["runs"]
+            verified = runs is None or runs in case["verified"]
             row.update(
-                ok=fused and kept,
+                ok=fused and kept and verified,
                 backend=result["backend"],
                 own=result["own"],
+                runs=result["runs"],
                 what=f"backend={result['backend']} (own: {result['own']}) enforce_disable={result['enforce']}"
+                + (f" runs {result['runs']}" if result["runs"] else "")
+                + ("" if verified else f", not verified (node verifies {case['verified']})")
                 + ("" if kept else f" user settings {result['user']} != {case['user']}"),
             )
         rows.append(row)

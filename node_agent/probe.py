@@ -300,7 +300,15 @@ def probe(
         tests[backend] = outcome
         say(f"{backend}: {outcome.result}" + (f" ({outcome.reason})" if outcome.reason else ""))
 
-    verdict = decide(inv, policy, tests, margin=config.bench_margin, inventory_error=inventory_error, previous=kept)
+    verdict = decide(
+        inv,
+        policy,
+        tests,
+        margin=config.bench_margin,
+        inventory_error=inventory_error,
+        previous=kept,
+        flashinfer=software.get("flashinfer"),
+    )
     if config.shared_gpu:
         verdict = correctness_only(verdict)
     duration_s = time.monotonic() - t0

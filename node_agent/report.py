@@ -43,7 +43,7 @@ from node_agent import __version__, inventory
 from node_agent.inventory import Inventory
 from node_agent.policy import HostPolicy
 from node_agent.smoke.outcome import SHARED_GPU_MARK, SmokeOutcome
-from node_agent.verdict import VERDICT_LABELS, PreviousVerdict, Verdict
+from node_agent.verdict import HARDWARE_LABELS, VERDICT_LABELS, PreviousVerdict, Verdict
 
 SCHEMA = contract.PROBE_REPORT_SCHEMA
 VERSION = contract.PROBE_REPORT_VERSION
@@ -219,6 +219,12 @@ def reusable_tests(previous: PreviousReport | None, fingerprint: str) -> dict[co
     }
 
 
+def _allowed(key: str, value: str) -> bool:
+    if key == contract.LABEL_FLASHINFER:
+        return contract.flashinfer_value(value) is not None
+    return value in _ALLOWED_VALUES.get(key, ())
+
+
 def previous_verdict(
     previous: PreviousReport | None, fingerprint: str | None, multicast_forbidden: bool
 ) -> PreviousVerdict | None:
@@ -226,7 +232,7 @@ def previous_verdict(
 
     ``fingerprint`` None: the GPUs cannot be read now (NVML missing or failing, a driver mid-upgrade).
     Nothing says the hardware changed, so a report of the same host policy is taken, with its
-    ``fiar.io/gpus`` and ``fiar.io/clique``; a driver or GPU change shows once the GPUs read again."""
+    ``HARDWARE_LABELS``; a driver or GPU change shows once the GPUs read again."""
     if previous is None or not previous.fingerprint:
         return None
     if fingerprint is not None and previous.fingerprint != fingerprint:
@@ -235,9 +241,11 @@ def previous_verdict(
         return None
     labels = previous.labels
     kept = {k: labels[k] for k in VERDICT_LABELS if k in labels}
-    if contract.LABEL_BACKEND not in kept or any(v not in _ALLOWED_VALUES[k] for k, v in kept.items()):
+    if contract.LABEL_BACKEND not in kept or not all(_allowed(k, v) for k, v in kept.items()):
         return None
     # labels kept by an inconclusive probe still date from the probe that concluded them
     when = previous.labels_kept_from or previous.probe_time
-    hardware = {k: labels[k] for k in (contract.LABEL_GPUS, contract.LABEL_CLIQUE) if k in labels}
+    hardware = {k: labels[k] for k in HARDWARE_LABELS if k in labels}
+    if contract.compute_capability_value(hardware.get(contract.LABEL_COMPUTE_CAPABILITY)) is None:
+        hardware.pop(contract.LABEL_COMPUTE_CAPABILITY, None)
     return PreviousVerdict(labels=kept, probe_time=when, hardware=hardware)

@@ -33,6 +33,12 @@ Labels (values are exactly those of ``fiar_contract``):
 ``fiar.io/clique``
     ``<clusterUUID>.<cliqueId>`` when every GPU's fabric is COMPLETED in one clique of a non-zero
     cluster; absent otherwise (single-node NVSwitch fabrics report an all-zero cluster UUID).
+``fiar.io/flashinfer``
+    the flashinfer-python version the smoke tests imported (else the installed one): the kernels the
+    verdict was made with (``verdict_flashinfer``); absent when not known or not a plain release number.
+``fiar.io/compute-capability``
+    the CUDA compute capability every GPU shares (``9.0``, ``10.0``); absent when the GPUs differ, a
+    GPU's could not be read, or there are none (``compute_capability``).
 
 The probe is ``degraded`` when a step could not give an answer (no inventory, a timeout, missing
 software, busy GPUs, kernels that could not be built or loaded); a backend that fails its test is a
@@ -77,9 +83,12 @@ VERDICT_LABELS = (
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
     contract.LABEL_MNNVL_WORKSPACE,
+    contract.LABEL_FLASHINFER,
     *contract.RESULT_LABELS,
 )
-"""The labels a smoke test decides; ``fiar.io/gpus`` and ``fiar.io/clique`` are read from NVML."""
+"""The labels a smoke test decides; ``HARDWARE_LABELS`` are read from NVML."""
+HARDWARE_LABELS = (contract.LABEL_GPUS, contract.LABEL_CLIQUE, contract.LABEL_COMPUTE_CAPABILITY)
+"""The labels read from NVML: kept from an earlier report, with its verdict, while the GPUs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ class PreviousVerdict:
     labels: Mapping[str, str]
     probe_time: str
     hardware: Mapping[str, str] = field(default_factory=dict)
-    """``fiar.io/gpus`` and ``fiar.io/clique`` of that report: kept too when the GPUs cannot be read."""
+    """The ``HARDWARE_LABELS`` of that report: kept too when the GPUs cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -328,12 +337,23 @@ def conclude(
     return Conclusion(True, untested, "backend none: no backend passed its smoke test and benchmark")
 
 
+def compute_capability(inv: Inventory) -> str | None:
+    """The compute capability every GPU shares, or None (GPUs that differ, one not read, none)."""
+    values = {g.cc for g in inv.gpus}
+    only = values.pop() if len(values) == 1 else None
+    return contract.compute_capability_text(only) if only is not None else None
+
+
 def hardware_labels(inv: Inventory | None) -> dict[str, str]:
-    """``fiar.io/gpus`` (0 when the GPUs cannot be read) and ``fiar.io/clique`` where the fabric has one."""
+    """``fiar.io/gpus`` (0 when the GPUs cannot be read), ``fiar.io/clique`` where the fabric has one and
+    ``fiar.io/compute-capability`` where every GPU shares one."""
     labels = {contract.LABEL_GPUS: str(len(inv.gpus) if inv is not None else 0)}
-    value = clique(inv) if inv is not None else None
-    if value is not None:
-        labels[contract.LABEL_CLIQUE] = value
+    for key, value in (
+        (contract.LABEL_CLIQUE, clique(inv) if inv is not None else None),
+        (contract.LABEL_COMPUTE_CAPABILITY, compute_capability(inv) if inv is not None else None),
+    ):
+        if value is not None:
+            labels[key] = value
     return labels
 
 
@@ -355,6 +375,8 @@ def keep_previous(found: Settled, inv: Inventory | None, untested: Sequence[str]
     for key in VERDICT_LABELS:
         if key in previous.labels:
             labels[key] = previous.labels[key]
+    if contract.LABEL_FLASHINFER not in previous.labels:  # the kept verdict's kernels are not known
+        labels.pop(contract.LABEL_FLASHINFER, None)
     if inv is None:
         labels.update(previous.hardware)
     multicast = next((m for m in contract.MULTICAST_STATES if m == labels[contract.LABEL_MULTICAST]), found.multicast)
@@ -380,6 +402,17 @@ def claim_nothing(found: Settled, inv: Inventory | None, untested: Sequence[str]
     return Settled(labels, None, found.multicast, reason)
 
 
+def verdict_flashinfer(tests: Mapping[contract.Backend, SmokeOutcome], installed: str | None) -> str | None:
+    """``fiar.io/flashinfer``: the FlashInfer a smoke test imported (what it ran beats package metadata),
+    else the ``installed`` one; None when neither is a plain release number."""
+    imported = [t.measured.versions.get("flashinfer") for t in tests.values()]
+    for raw in (*imported, installed):
+        value = contract.flashinfer_value(raw)
+        if value is not None:
+            return value
+    return None
+
+
 def decide(
     inv: Inventory | None,
     policy: HostPolicy,
@@ -388,6 +421,7 @@ def decide(
     margin: float = DEFAULT_BENCH_MARGIN,
     inventory_error: str | None = None,
     previous: PreviousVerdict | None = None,
+    flashinfer: str | None = None,
 ) -> Verdict:
     """The labels and reasons of one probe: the rules above, composed."""
     proof = tests[backends.MULTICAST_PROOF]
@@ -404,6 +438,9 @@ def decide(
         **{contract.result_label(name): tests[name].result for name in backends.NAMES},
         **hardware_labels(inv),
     }
+    used = verdict_flashinfer(tests, flashinfer)
+    if used is not None:
+        labels[contract.LABEL_FLASHINFER] = used
     found = Settled(labels, choice.backend, multicast.state, conclusion.reason)
     if conclusion.conclusive:
         settled = found

@@ -487,9 +487,20 @@ def _sglang_flag(rel: Release, name: str) -> str | None:
     return value
 
 
+def _set_generation(rel: Release, value: str | None) -> str | None:
+    """Label the node's GPU generation (None: remove the label); the value it had."""
+    with rel.api() as api:
+        core = client.CoreV1Api(api)
+        was: str | None = (core.read_node(rel.node.name).metadata.labels or {}).get(contract.LABEL_COMPUTE_CAPABILITY)
+        core.patch_node(rel.node.name, {"metadata": {"labels": {contract.LABEL_COMPUTE_CAPABILITY: value}}})
+    return was
+
+
 def test_the_sglang_process_starts_with_the_option_its_node_allows(release: Release) -> None:
-    # trtllm verified, multicast forbidden by the host: SGLang's own auto could pick mnnvl (SM100), so off.
+    # trtllm verified, multicast forbidden by the host, the node's GPUs labelled SM100: SGLang's own auto
+    # would pick mnnvl there, so off.
     _set_verdict(release, "trtllm", "pass", "forbidden")
+    agents = _set_generation(release, "10.0")
     _sglang_on_real_node(release, "sglang-trtllm")
     first = _printed(release, "sglang-trtllm")
     off = "--" + contract.SGLANG_FLAGS["off"]
@@ -499,11 +510,15 @@ def test_the_sglang_process_starts_with_the_option_its_node_allows(release: Rele
     assert "NCCL_NVLS_ENABLE" not in first["env"], "SGLang sets it to 0 itself"
     assert first["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and first["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
 
+    # The same verdict on SM90 (what this H200 host is): SGLang's own auto is trtllm, verified.
+    own = contract.SGLANG_FLAGS["engine"]
+    _set_generation(release, "9.0")
+    wait_for(lambda: _sglang_flag(release, "sglang-trtllm") == own, 60, "sglang-trtllm re-annotated on SM90")
+    _set_generation(release, agents)
+
     # Every backend SGLang can pick verified: its own choice (the option that restates a default, which
     # the user's own --log-level after it overrides).
     _set_verdict(release, "mnnvl", "pass", "verified")
-    own = contract.SGLANG_FLAGS["engine"]
-    wait_for(lambda: _sglang_flag(release, "sglang-trtllm") == own, 60, "sglang-trtllm re-annotated")
     _sglang_on_real_node(release, "sglang-mnnvl")
     second = _printed(release, "sglang-mnnvl")
     assert "--" + own in second["argv"] and off not in second["argv"], second["argv"]

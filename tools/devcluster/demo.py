@@ -247,14 +247,14 @@ def deploy_sglang(plane: ControlPlane, replicas: int) -> None:
 
 
 def sglang_table(plane: ControlPlane) -> str:
-    """What each SGLang pod got: its node's verdict and the option its command reads."""
+    """What each SGLang pod got: its node's GPU generation and verdict, and the option its command reads."""
     from kubernetes import client
 
     with plane.api_client() as api:
         core = client.CoreV1Api(api)
         nodes = {n.metadata.name: n.metadata.labels or {} for n in core.list_node().items}
         pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/name={SGLANG_APP}").items
-        rows = [("SGLANG POD", "NODE", "MULTICAST", "VERDICT", "SGLANG OPTION", "REASON")]
+        rows = [("SGLANG POD", "NODE", "COMPUTE", "VERDICT", "SGLANG OPTION", "REASON")]
         for pod in sorted(pods, key=lambda p: p.spec.node_name or ""):
             flag = (pod.metadata.annotations or {}).get(contract.ANNOTATION_POD_SGLANG_FLAG)
             labels = nodes.get(pod.spec.node_name, {})
@@ -263,7 +263,7 @@ def sglang_table(plane: ControlPlane) -> str:
                 (
                     pod.metadata.name,
                     pod.spec.node_name,
-                    labels.get(contract.LABEL_MULTICAST, "-"),
+                    labels.get(contract.LABEL_COMPUTE_CAPABILITY, "-"),
                     labels.get(contract.LABEL_BACKEND, "-"),
                     f"--{flag}" if flag else "-",  # what $(FIAR_SGLANG_ARGS) expands to
                     str(decision.get("reason", "-")),

@@ -120,6 +120,13 @@ class Decision:
     """The values fiar left out because an option of the pod makes vLLM refuse them, each with why."""
     release_qualified: bool | None = None
     """Whether ``release`` is on a line fiar qualified (``releases.QUALIFIED``; None: release not known)."""
+    node_flashinfer: str | None = None
+    """The FlashInfer the node's verdict was made with (its agent's ``fiar.io/flashinfer``)."""
+    pod_flashinfer: str | None = None
+    """The FlashInfer the pod's vLLM release pins (``releases.FLASHINFER_PINS``)."""
+    same_flashinfer_comm: bool | None = None
+    """Whether the two have the same workspace and multicast code (``releases.same_flashinfer_comm``;
+    None: not known)."""
 
     @property
     def verified(self) -> bool:
@@ -172,6 +179,13 @@ class Decision:
             doc["notApplied"] = list(self.not_applied)
         if self.release_qualified is False:
             doc["releaseQualified"] = False
+        for key, known in (
+            ("nodeFlashinfer", self.node_flashinfer),
+            ("podFlashinfer", self.pod_flashinfer),
+            ("sameFlashinferComm", self.same_flashinfer_comm),
+        ):
+            if known is not None:
+                doc[key] = known
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -411,13 +425,18 @@ def decide(
         not_turned_off=not_turned_off,
         release=release,
         release_qualified=qualified,
+        node_flashinfer=facts.flashinfer if facts is not None else None,
+        pod_flashinfer=releases.flashinfer_pin(release),
+        same_flashinfer_comm=releases.same_flashinfer_comm(
+            releases.flashinfer_pin(release), facts.flashinfer if facts is not None else None
+        ),
         sglang_flag=_sglang_flag(
             policy,
             fusion_of,
             reason,
             _verified_backends(policy, facts, group, reason),
             group.multi,
-            (node_labels or {}).get(contract.LABEL_MULTICAST),
+            facts.compute_capability if facts is not None else None,
         ),
     )
     return respect_options(decision, policy, facts, group, options)
@@ -429,13 +448,13 @@ def _sglang_flag(
     reason: Reason,
     verified: frozenset[contract.Backend],
     multi: bool,
-    multicast: str | None = None,
+    compute_capability: tuple[int, int] | None = None,
 ) -> contract.SglangFlag:
     """SGLang's option for the decision: the engine's own choice under fusionControl Disabled (it
     leaves vLLM's fusion on too), else ``sglang.sglang_flag``."""
     if policy.fusion_control == "Disabled":
         return "engine"
-    return sglang.sglang_flag(fusion_of, reason == VERIFIED_REASON, verified, multi, multicast)
+    return sglang.sglang_flag(fusion_of, reason == VERIFIED_REASON, verified, multi, compute_capability)
 
 
 def _verified_backends(

@@ -50,6 +50,10 @@ class NodeFacts:
     verdict ``mnnvl``: the same proof), else ``unknown``."""
     mnnvl_workspace: contract.MnnvlWorkspace | None = None
     """``fiar.io/mnnvl-workspace``: how the node's own mnnvl workspace creation ended (None: not known)."""
+    compute_capability: tuple[int, int] | None = None
+    """``fiar.io/compute-capability``: the one compute capability of the node's GPUs (None: not known)."""
+    flashinfer: str | None = None
+    """``fiar.io/flashinfer``: the FlashInfer the node's verdict was made with (None: not known)."""
 
     @property
     def multicast_verified(self) -> bool:
@@ -73,7 +77,17 @@ def node_facts(name: str, labels: Mapping[str, str]) -> NodeFacts:
         later = contract.BACKENDS[contract.BACKENDS.index(chosen) + 1 :]
         verified = frozenset({chosen, *(b for b in later if _passed(labels, b))})
     runs = RUNS_UNVERIFIED in verified or _passed(labels, RUNS_UNVERIFIED)
-    return NodeFacts(name, verdict, verified, clique(labels), runs, multicast_usable(labels), mnnvl_workspace(labels))
+    return NodeFacts(
+        name,
+        verdict,
+        verified,
+        clique(labels),
+        runs,
+        multicast_usable(labels),
+        mnnvl_workspace(labels),
+        contract.compute_capability_value(labels.get(contract.LABEL_COMPUTE_CAPABILITY)),
+        contract.flashinfer_value(labels.get(contract.LABEL_FLASHINFER)),
+    )
 
 
 def multicast_usable(labels: Mapping[str, str]) -> contract.MulticastUsable:

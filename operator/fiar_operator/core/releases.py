@@ -56,6 +56,18 @@ FLASHINFER_PINS: Final[Mapping[Line, str]] = {
     (0, 34): "0.7.3",  # not on PyPI: checked with 0.7.4, whose flashinfer/comm functions fiar relies on are the same
 }
 """Release line -> the flashinfer-python its wheel pins (METADATA), as ``bench/engine_release.py`` reads it."""
+FLASHINFER_COMM: Final[Mapping[str, str]] = {
+    "0.6.13": "2b0e6d5eafd34fc1",
+    "0.6.16.post3": "48356aaff97b9b2f",
+    "0.7.0.post1": "48356aaff97b9b2f",
+    "0.7.2.post1": "94ba6145cd1d5817",
+    "0.7.3": "94ba6145cd1d5817",  # not on PyPI: its stand-in 0.7.4's, the source the 0.34 qualification read
+    "0.7.4": "94ba6145cd1d5817",
+}
+"""FlashInfer version -> ``functions_sha256`` of its ``flashinfer/comm`` functions fiar's verdicts rest on
+(the workspace creation and the multicast setup: ``bench/engine_release.py`` ``FLASHINFER_FUNCTIONS``,
+``comm_diff``), as the qualification computed it from the wheel (bench/results/engine-release/). Two
+versions with one value run the same code there. A version not in the table: not known."""
 QUALIFIED: Final = frozenset(OFF_BY_FAILING_MNNVL)
 """The release lines fiar qualified (``bench/engine_release.py``: callers reviewed, workspace, parser and
 option checks run). A pod of a known release outside them gets the most conservative decision its node
@@ -123,6 +135,20 @@ def image_release(image: object) -> str | None:
         return None
     found = _RELEASE.match(tag)
     return f"{found.group(1)}.{found.group(2)}.{found.group(3) or 0}" if found else None
+
+
+def flashinfer_pin(release: str | None) -> str | None:
+    """The FlashInfer ``release`` pins (None: a release or line fiar has not read)."""
+    line = line_of(release)
+    return FLASHINFER_PINS.get(line) if line is not None else None
+
+
+def same_flashinfer_comm(pinned: str | None, node: str | None) -> bool | None:
+    """Whether the FlashInfer a pod's release pins (``pinned``) has the same workspace and multicast code
+    as the one its node's verdict was made with (``node``); None when either is not known."""
+    a = FLASHINFER_COMM.get(pinned) if pinned is not None else None
+    b = FLASHINFER_COMM.get(node) if node is not None else None
+    return None if a is None or b is None else a == b
 
 
 def qualified(release: str | None) -> bool | None:

@@ -186,13 +186,15 @@ def test_sglang_pods_beside_vllm_get_the_option_their_node_allows_and_drift_flip
     operator: Any, kit: Any, namespace: str
 ) -> None:
     b, m, mn, t = contract.LABEL_BACKEND, contract.LABEL_MULTICAST, contract.LABEL_MNNVL, contract.LABEL_TRTLLM
+    cc = contract.LABEL_COMPUTE_CAPABILITY
     nodes = {
+        # both backends verified, generation not known (an agent that predates the label): either is verified
         f"sm-{kit.unique}": ({b: "mnnvl", m: "supported", mn: "pass", t: "pass"}, SGLANG_OWN),
-        # trtllm verified, no multicast: SGLang's mnnvl cannot start, its trtllm is verified
-        f"st-{kit.unique}": ({b: "trtllm", m: "unsupported", mn: "skipped", t: "pass"}, SGLANG_OWN),
-        # trtllm verified, multicast disabled by host policy: SGLang's auto may pick mnnvl
-        f"sd-{kit.unique}": ({b: "trtllm", m: "disabled", mn: "skipped", t: "pass"}, SGLANG_OFF),
-        f"sp-{kit.unique}": ({b: "none", m: "unsupported", mn: "fail", t: "fail"}, SGLANG_OFF),
+        # h200x2-host: SM90, trtllm verified, multicast disabled by host policy: SGLang's auto is trtllm
+        f"st-{kit.unique}": ({b: "trtllm", m: "disabled", mn: "skipped", t: "pass", cc: "9.0"}, SGLANG_OWN),
+        # the same on SM100: SGLang's auto is mnnvl, not verified
+        f"sd-{kit.unique}": ({b: "trtllm", m: "disabled", mn: "skipped", t: "pass", cc: "10.0"}, SGLANG_OFF),
+        f"sp-{kit.unique}": ({b: "none", m: "unsupported", mn: "fail", t: "fail", cc: "9.0"}, SGLANG_OFF),
     }
     for name, (labels, _flag) in nodes.items():
         kit.node(name, None, **labels, **{f"pool-{kit.unique}": "sglang"})
@@ -215,9 +217,9 @@ def test_sglang_pods_beside_vllm_get_the_option_their_node_allows_and_drift_flip
         lambda: (kit.get_policy(policy).get("status") or {}).get("pods", {}).get("fusionOff") == 2, 30, "fusionOff"
     )
 
-    # The multicast-less node's fabric is fixed but its mnnvl test fails: SGLang's auto would pick mnnvl.
+    # The SM90 node's host policy is lifted: mnnvl passes, trtllm now fails, and SGLang's auto there is trtllm.
     changed = f"st-{kit.unique}"
-    kit.relabel(changed, {m: "supported", mn: "fail"})
+    kit.relabel(changed, {b: "mnnvl", m: "supported", mn: "pass", t: "fail"})
     name = on_node[changed]
     kit.wait(lambda: process(get(kit, namespace, name))[0][3] == SGLANG_OFF, 30, f"pod {name} re-annotated")
 

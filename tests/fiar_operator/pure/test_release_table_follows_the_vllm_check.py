@@ -5,6 +5,8 @@ GPU call stood in (its results are in bench/results/vllm-fi-ar-check/results.jso
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,58 @@ def test_a_known_release_outside_the_qualified_lines_gets_the_fusion_off_even_wh
         assert ('"releaseQualified":false' in d.to_json()) is (qualified is False)
         disabled = parse_policy({"metadata": {"name": "p"}, "spec": {"podSelector": {}, "fusionControl": "Disabled"}})
         assert decide(disabled, "n1", labels, release=release).fusion == "on"
+
+
+# -- the FlashInfer a verdict was made with ----------------------------------------------------------------
+QUALIFICATION = RESULTS.parents[1] / "engine-release" / "engine-release-vllm-0.34.0.json"
+WHEELS = Path(os.environ.get("FIAR_WHEEL_CACHE", Path.home() / ".cache" / "fiar" / "wheels"))
+
+
+def test_every_pinned_flashinfer_has_its_comm_digest() -> None:
+    assert set(releases.FLASHINFER_PINS.values()) <= set(releases.FLASHINFER_COMM)
+
+
+def test_the_comm_digest_of_the_newest_pin_is_the_one_its_qualification_read() -> None:
+    comm = json.loads(QUALIFICATION.read_text())["flashinfer_comm"]
+    assert releases.FLASHINFER_COMM[comm["to"]] == comm["functions_sha256"]
+    assert releases.FLASHINFER_COMM[releases.FLASHINFER_PINS[(0, 34)]] == comm["functions_sha256"], "read as 0.7.4"
+
+
+@pytest.mark.parametrize("version", sorted(set(releases.FLASHINFER_COMM) - {"0.7.3"}))
+def test_each_comm_digest_is_what_the_qualification_computes_from_the_wheel(version: str) -> None:
+    found = sorted(WHEELS.glob(f"flashinfer_python-{version}-*.whl"))
+    if not found:
+        pytest.skip(f"flashinfer-python {version} is not in the wheel cache {WHEELS}: pip download it there")
+    sys.path.insert(0, str(RESULTS.parents[2]))
+    try:
+        import engine_release
+    finally:
+        sys.path.pop(0)
+    assert engine_release.comm_diff(found[0], found[0])["functions_sha256"] == releases.FLASHINFER_COMM[version]
+
+
+@pytest.mark.parametrize(
+    ("node", "same"),
+    [("0.7.2.post1", True), ("0.7.4", True), ("0.7.0.post1", False), ("0.6.13", False), ("0.9.9", None), (None, None)],
+)
+def test_the_decision_says_whether_the_pods_flashinfer_has_the_comm_code_of_the_nodes_verdict(
+    node: str | None, same: bool | None
+) -> None:
+    from fiar_operator.core.decide import decide
+    from fiar_operator.core.policy import parse_policy
+
+    policy = parse_policy({"metadata": {"name": "p"}, "spec": {"podSelector": {}}})
+    labels = {"fiar.io/backend": "trtllm", "fiar.io/trtllm": "pass"}
+    if node is not None:
+        labels["fiar.io/flashinfer"] = node
+    doc = json.loads(decide(policy, "n1", labels, release="0.34.0").to_json())
+    assert doc.get("nodeFlashinfer") == node and doc["podFlashinfer"] == "0.7.3"
+    assert doc.get("sameFlashinferComm") is same
+    assert "podFlashinfer" not in json.loads(decide(policy, "n1", labels, release="0.99.0").to_json())
+
+
+@pytest.mark.parametrize("raw", ["0.7.2.post1 ", "0.7.2+cu130", "v0.7.2", "simulated", "7", "0." + "1" * 80])
+def test_a_flashinfer_label_not_a_plain_release_number_is_not_read(raw: str) -> None:
+    from fiar_operator.core.nodefacts import node_facts
+
+    assert node_facts("n", {"fiar.io/flashinfer": raw}).flashinfer is None

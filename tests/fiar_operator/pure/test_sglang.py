@@ -26,37 +26,46 @@ from fiar_operator.core.policy import Policy, parse_policy
 from .builders import MODEL, shape_plan
 from .builders import SGLANG_FORMS as FORMS
 
-B, M, MN, T, C = (
+B, M, MN, T, C, CC = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MNNVL,
     contract.LABEL_TRTLLM,
     contract.LABEL_CLIQUE,
+    contract.LABEL_COMPUTE_CAPABILITY,
 )
 CLIQUE = "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766"
 OFF = contract.SGLANG_FLAGS["off"]
 ENGINE = contract.SGLANG_FLAGS["engine"]
+SM90, SM100 = {CC: "9.0"}, {CC: "10.0"}
 
 # The labels the agent writes for the shipped host fixtures (tests/node_agent/pure/test_verdict_over_fixtures.py),
-# a trtllm node without multicast, and a node never probed.
+# nodes of other generations and verdicts, the same without the compute capability (an agent that predates
+# the label), and a node never probed.
 FIXTURES: dict[str, dict[str, str]] = {
-    "h200x2-host": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass"},
-    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", MN: "pass", T: "pass"},
-    "h200nvl-bridge-null-multicast": {B: "none", M: "unsupported", MN: "fail", T: "pass"},
-    "h100x4-pcie-no-nvlink": {B: "none", M: "unsupported", MN: "fail", T: "fail"},
-    "gb200-nvl72-clique": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", C: CLIQUE},
-    "trtllm-without-multicast": {B: "trtllm", M: "unsupported", MN: "skipped", T: "pass"},
-    "mnnvl-trtllm-failed": {B: "mnnvl", M: "supported", MN: "pass", T: "fail"},
+    "h200x2-host": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass", **SM90},
+    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", **SM90},
+    "h100x8-nvswitch-fabric-manager-down": {B: "trtllm", M: "unknown", MN: "fail", T: "pass", **SM90},
+    "h200nvl-bridge-null-multicast": {B: "none", M: "unsupported", MN: "fail", T: "pass", **SM90},
+    "h100x4-pcie-no-nvlink": {B: "none", M: "unsupported", MN: "fail", T: "fail", **SM90},
+    "gb200-nvl72-clique": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", C: CLIQUE, **SM100},
+    "sm90-mnnvl-trtllm-failed": {B: "mnnvl", M: "supported", MN: "pass", T: "fail", **SM90},
+    "sm100-mnnvl-trtllm-failed": {B: "mnnvl", M: "supported", MN: "pass", T: "fail", **SM100},
+    "sm100-trtllm-without-multicast": {B: "trtllm", M: "unsupported", MN: "skipped", T: "pass", **SM100},
+    "sm120-trtllm": {B: "trtllm", M: "unsupported", MN: "skipped", T: "pass", CC: "12.0"},
+    "h200x2-host-unlabelled": {B: "trtllm", M: "disabled", MN: "skipped", T: "pass"},
+    "trtllm-without-multicast-unlabelled": {B: "trtllm", M: "unsupported", MN: "skipped", T: "pass"},
+    "mnnvl-trtllm-unlabelled": {B: "mnnvl", M: "supported", MN: "pass", T: "pass", C: CLIQUE},
     "unprobed": {},
 }
 SHAPES = ("single", "group-pinned-imex", "group-pinned-no-imex", "group-unpinned-imex")
 
 # SGLang's option per fixture and shape under the default policy (mnnvl, trtllm).
 EXPECTED: dict[str, dict[str, str]] = {
-    # host policy forbids multicast, yet SGLang's auto picks mnnvl on SM100: off
-    "h200x2-host": {"single": OFF},
-    # both backends SGLang's own choice can be are verified: its own choice
+    # SM90: SGLang's own choice is trtllm on one node, verified here
+    "h200x2-host": {"single": ENGINE},
     "h100x8-nvswitch-healthy": {"single": ENGINE},
+    "h100x8-nvswitch-fabric-manager-down": {"single": ENGINE},
     "h200nvl-bridge-null-multicast": {"single": OFF},
     "h100x4-pcie-no-nvlink": {"single": OFF},
     "gb200-nvl72-clique": {
@@ -65,10 +74,23 @@ EXPECTED: dict[str, dict[str, str]] = {
         "group-pinned-no-imex": OFF,
         "group-unpinned-imex": ENGINE,
     },
-    # SGLang's mnnvl cannot start without multicast (it turns the fusion off itself); trtllm is verified
-    "trtllm-without-multicast": {"single": ENGINE},
     # SGLang's auto picks trtllm on SM90, which failed here: off
-    "mnnvl-trtllm-failed": {"single": OFF},
+    "sm90-mnnvl-trtllm-failed": {"single": OFF},
+    # and mnnvl on SM100, which passed
+    "sm100-mnnvl-trtllm-failed": {"single": ENGINE},
+    # mnnvl on SM100 (MiMo: cutedsl, whose failing workspace stops the server): not verified
+    "sm100-trtllm-without-multicast": {"single": OFF},
+    # SGLang turns the fusion on only on SM90 and SM10x
+    "sm120-trtllm": {"single": ENGINE},
+    # generation not known: either backend, so both must be verified
+    "h200x2-host-unlabelled": {"single": OFF},
+    "trtllm-without-multicast-unlabelled": {"single": OFF},
+    "mnnvl-trtllm-unlabelled": {
+        "single": ENGINE,
+        "group-pinned-imex": ENGINE,
+        "group-pinned-no-imex": OFF,
+        "group-unpinned-imex": ENGINE,
+    },
     "unprobed": {"single": OFF},
 }
 
@@ -110,11 +132,14 @@ def test_sglang_runs_its_own_choice_only_where_the_pods_fusion_is_on(fixture: st
 def test_a_policy_that_allows_one_backend_gives_sglang_its_own_choice_only_where_that_is_all_it_can_pick(
     fixture: str,
 ) -> None:
+    generation = FIXTURES[fixture].get(CC)
+    never = generation is not None and generation not in ("9.0", "10.0")  # SGLang enables the fusion nowhere
     only_trtllm = decided(fixture, "single", policy(backends=["trtllm"]))
-    assert only_trtllm.sglang_flag == (
-        "engine" if only_trtllm.fusion == "on" and FIXTURES[fixture].get(M) == "unsupported" else "off"
-    )
-    assert decided(fixture, "single", policy(backends=["mnnvl"])).sglang_flag == "off"
+    on_sm90 = generation == "9.0" or never
+    assert only_trtllm.sglang_flag == ("engine" if only_trtllm.fusion == "on" and on_sm90 else "off")
+    only_mnnvl = decided(fixture, "single", policy(backends=["mnnvl"]))
+    on_sm100 = generation == "10.0" or never
+    assert only_mnnvl.sglang_flag == ("engine" if only_mnnvl.fusion == "on" and on_sm100 else "off")
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -28,6 +28,7 @@ EXPECTED_H200X2 = {
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "pass",
     contract.LABEL_GPUS: "2",
+    contract.LABEL_COMPUTE_CAPABILITY: "9.0",
 }
 
 
@@ -251,13 +252,15 @@ def test_inconclusive_probe_on_a_node_without_a_verdict_writes_no_backend(
     d = daemon(plane_a.kubeconfig, own, fixture, "--retry-interval", "1")
     untested = {k: v for k, v in EXPECTED_H200X2.items() if k != contract.LABEL_BACKEND}
     untested[contract.LABEL_TRTLLM] = "skipped"
+    untested[contract.LABEL_FLASHINFER] = "0.6.13"  # the installed one: no test ran
     eventually_fn(lambda: fiar_labels(plane_a, own) == untested, what="labels without fiar.io/backend")
     doc = _report(plane_a, own)
     assert doc is not None and contract.LABEL_BACKEND not in doc["labels"]
     assert any(r.startswith("no verdict") for r in doc["reasons"])
 
     _software(fixture, "2.11.0")  # the software is back: the next retry, not the 6 h interval, finds it
-    eventually_fn(lambda: fiar_labels(plane_a, own) == EXPECTED_H200X2, what="the verdict from a retry")
+    verdict = {**EXPECTED_H200X2, contract.LABEL_FLASHINFER: "0.6.13"}
+    eventually_fn(lambda: fiar_labels(plane_a, own) == verdict, what="the verdict from a retry")
     assert d.metric("fiar_agent_reprobe_requests_total") == 0
     assert d.stop() == 0
 

@@ -29,6 +29,7 @@ H200X2 = {
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "pass",
     contract.LABEL_GPUS: "2",
+    contract.LABEL_COMPUTE_CAPABILITY: "9.0",
 }
 H200X1 = {
     contract.LABEL_BACKEND: "none",
@@ -38,6 +39,8 @@ H200X1 = {
     contract.LABEL_MNNVL: "skipped",
     contract.LABEL_TRTLLM: "skipped",
     contract.LABEL_GPUS: "1",
+    contract.LABEL_COMPUTE_CAPABILITY: "9.0",
+    contract.LABEL_FLASHINFER: "0.6.13",
 }
 START = 1000.0
 QUICK = ProbeConfig(timeout_s=30, benchmark=False)

@@ -18,13 +18,15 @@ from node_agent import inventory, report
 from node_agent.hardware import SimulatedHardware
 from node_agent.probe import ProbeConfig, arch_mismatch, probe
 
-B, M, U, MN, T, G = (
+B, M, U, MN, T, G, CC, F = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
     contract.LABEL_MNNVL,
     contract.LABEL_TRTLLM,
     contract.LABEL_GPUS,
+    contract.LABEL_COMPUTE_CAPABILITY,
+    contract.LABEL_FLASHINFER,
 )
 
 
@@ -53,7 +55,7 @@ def test_unreadable_gpus_give_a_degraded_verdict(
         environ={},
     )
     assert time.monotonic() - start < 20
-    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0"}, (
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "0", F: "0.6.13"}, (
         "no backend label: not probed"
     )
     assert result.exit_code == 1
@@ -69,7 +71,7 @@ def test_busy_gpus_are_not_tested(host_file: Callable[..., Path], recorder: Call
     hw = recorder(host_file("h200x2-host", _busy))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "2"}, (
+    assert result.labels == {M: "disabled", U: "forbidden", MN: "skipped", T: "skipped", G: "2", CC: "9.0"}, (
         "busy is not a verified none"
     )
     assert any(
@@ -134,7 +136,7 @@ def test_one_gpu_is_a_clean_verdict(host_file: Callable[..., Path], recorder: Ca
     hw = recorder(host_file("h200x2-host", _single))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {B: "none", M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "1"}
+    assert result.labels == {B: "none", M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "1", CC: "9.0"}
     assert result.exit_code == 0, "one GPU is not a degraded node"
     assert any("1 GPU, no allreduce between GPUs" in r for r in result.report["reasons"])
 
@@ -156,7 +158,8 @@ def test_missing_software_skips_the_tests(
     hw = recorder(host_file("h100x8-nvswitch-healthy", _sim(software=software)))
     result = probe(hw, ProbeConfig(), environ={})
     assert hw.workers == []
-    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "8"}
+    installed = {F: "0.6.13"} if missing != "flashinfer" else {}
+    assert result.labels == {M: "unknown", U: "unknown", MN: "skipped", T: "skipped", G: "8", CC: "9.0", **installed}
     assert f"{missing} not installed" in result.report["tests"]["trtllm"]["reason"]
     assert result.exit_code == 1
 

@@ -17,7 +17,7 @@ import fiar_contract as contract
 from node_agent import hardware, report
 from node_agent.probe import ProbeConfig, probe
 
-B, M, U, W, MN, T, G, C = (
+B, M, U, W, MN, T, G, C, CC, F = (
     contract.LABEL_BACKEND,
     contract.LABEL_MULTICAST,
     contract.LABEL_MULTICAST_USABLE,
@@ -26,13 +26,26 @@ B, M, U, W, MN, T, G, C = (
     contract.LABEL_TRTLLM,
     contract.LABEL_GPUS,
     contract.LABEL_CLIQUE,
+    contract.LABEL_COMPUTE_CAPABILITY,
+    contract.LABEL_FLASHINFER,
 )
+FI = "0.6.13"  # the FlashInfer the modelled and device fixtures record
 
 EXPECTED = {
     # recorded: 2x H200 SXM, NVSwitch, multicast forbidden by the host's environment
-    "h200x2-host": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2"},
+    "h200x2-host": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2", CC: "9.0"},
     # modelled: healthy HGX H100, mnnvl works
-    "h100x8-nvswitch-healthy": {B: "mnnvl", M: "supported", U: "verified", W: "created", MN: "pass", T: "pass", G: "8"},
+    "h100x8-nvswitch-healthy": {
+        B: "mnnvl",
+        M: "supported",
+        U: "verified",
+        W: "created",
+        MN: "pass",
+        T: "pass",
+        G: "8",
+        CC: "9.0",
+        F: FI,
+    },
     # modelled after vllm#48071: workspace with a null multicast pointer; trtllm works but is ~10x NCCL
     "h200nvl-bridge-null-multicast": {
         B: "none",
@@ -42,6 +55,8 @@ EXPECTED = {
         MN: "fail",
         T: "pass",
         G: "8",
+        CC: "9.0",
+        F: FI,
     },
     # modelled: PCIe only, attribute 0, no peer access
     "h100x4-pcie-no-nvlink": {
@@ -52,6 +67,8 @@ EXPECTED = {
         MN: "fail",
         T: "fail",
         G: "4",
+        CC: "9.0",
+        F: FI,
     },
     # modelled after NVIDIA/nccl#1788: NVSwitch host whose fabric manager is down; attribute 1, bind fails
     "h100x8-nvswitch-fabric-manager-down": {
@@ -62,6 +79,8 @@ EXPECTED = {
         MN: "fail",
         T: "pass",
         G: "8",
+        CC: "9.0",
+        F: FI,
     },
     # modelled: GB200 NVL72 tray in a fabric clique
     "gb200-nvl72-clique": {
@@ -73,13 +92,25 @@ EXPECTED = {
         T: "pass",
         G: "4",
         C: "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.32766",
+        CC: "10.0",
+        F: FI,
     },
 }
 
 RECORDED_DEVICE_HOSTS = {
     # recorded by bench/agent_gpu_verify.sh on the device hosts (see BENCHMARKS.md)
-    "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2"},
-    "h200x1-device": {B: "none", M: "disabled", U: "forbidden", W: "no-multicast", MN: "skipped", T: "skipped", G: "1"},
+    "h200x2-device": {B: "trtllm", M: "disabled", U: "forbidden", MN: "skipped", T: "pass", G: "2", CC: "9.0", F: FI},
+    "h200x1-device": {
+        B: "none",
+        M: "disabled",
+        U: "forbidden",
+        W: "no-multicast",
+        MN: "skipped",
+        T: "skipped",
+        G: "1",
+        CC: "9.0",
+        F: FI,
+    },
 }
 
 

@@ -24,6 +24,7 @@ from node_agent.verdict import (
     judge_bench,
     keep_previous,
     multicast_state,
+    verdict_flashinfer,
 )
 
 NO_POLICY = HostPolicy(False)
@@ -128,6 +129,7 @@ def test_labels_follow_the_rules(
         contract.LABEL_MNNVL: mnnvl.result,
         contract.LABEL_TRTLLM: trtllm.result,
         contract.LABEL_GPUS: str(len(host.gpus)),
+        contract.LABEL_COMPUTE_CAPABILITY: "9.0" if host.gpus else None,
     }
     assert verdict.labels == {k: v for k, v in expected.items() if v is not None}
     assert verdict.backend == backend
@@ -196,7 +198,7 @@ def test_a_failed_mnnvl_with_an_untested_trtllm_is_no_verified_none(mnnvl: Smoke
 @pytest.mark.parametrize("trtllm", [TR_BUSY, TR_MISSING, TR_JIT])
 def test_an_inconclusive_probe_keeps_the_previous_verdict(trtllm: SmokeOutcome) -> None:
     verdict = decide(TWO, FORBID, {"mnnvl": MN_POLICY, "trtllm": trtllm}, previous=PREVIOUS)
-    assert verdict.labels == {**PREVIOUS.labels, contract.LABEL_GPUS: "2"}
+    assert verdict.labels == {**PREVIOUS.labels, contract.LABEL_GPUS: "2", contract.LABEL_COMPUTE_CAPABILITY: "9.0"}
     assert verdict.backend == "trtllm"
     assert verdict.status == "degraded"
     assert verdict.kept_from == PREVIOUS.probe_time
@@ -375,9 +377,28 @@ def test_hardware_labels_count_gpus_and_name_the_clique() -> None:
     assert hardware_labels(host) == {
         contract.LABEL_GPUS: "2",
         contract.LABEL_CLIQUE: "6f1c2b8e-4d3a-4f0e-9b7c-5a1d2e3f4a5b.7",
+        contract.LABEL_COMPUTE_CAPABILITY: "9.0",
     }
-    assert hardware_labels(TWO) == {contract.LABEL_GPUS: "2"}
+    assert hardware_labels(TWO) == {contract.LABEL_GPUS: "2", contract.LABEL_COMPUTE_CAPABILITY: "9.0"}
     assert hardware_labels(None) == {contract.LABEL_GPUS: "0"}
+
+
+@pytest.mark.parametrize(
+    ("ccs", "label"),
+    [
+        (((10, 0), (10, 0)), "10.0"),
+        (((10, 3),), "10.3"),
+        (((9, 0), (10, 0)), None),  # GPUs of two generations: which one a pod gets is not known
+        (((9, 0), None), None),  # one GPU's could not be read
+        ((), None),
+    ],
+)
+def test_the_compute_capability_is_labelled_only_where_every_gpu_shares_one(
+    ccs: tuple[tuple[int, int] | None, ...], label: str | None
+) -> None:
+    host = inv(*(dataclasses.replace(gpu(i), cc=cc) for i, cc in enumerate(ccs)))
+    assert hardware_labels(host).get(contract.LABEL_COMPUTE_CAPABILITY) == label
+    assert label is None or contract.compute_capability_value(label) == ccs[0]
 
 
 FOUND = Settled(
@@ -465,3 +486,33 @@ def test_multicast_usability_and_the_mnnvl_workspace_end_follow_the_rules(
 def test_an_inconclusive_probe_keeps_the_previous_multicast_usability() -> None:
     verdict = decide(TWO, NO_POLICY, {"mnnvl": MN_HANG, "trtllm": TR_BUSY}, previous=PREVIOUS)
     assert verdict.labels[contract.LABEL_MULTICAST_USABLE] == "forbidden"
+
+
+def _imported(version: str | None) -> SmokeOutcome:
+    measured = Measurements(versions={"flashinfer": version} if version else {})
+    return SmokeOutcome("trtllm", "pass", "ok", devices=(0, 1), measured=measured)
+
+
+@pytest.mark.parametrize(
+    ("imported", "installed", "label"),
+    [
+        ("0.7.2.post1", "0.6.13", "0.7.2.post1"),  # what the test ran beats package metadata
+        (None, "0.7.2.post1", "0.7.2.post1"),
+        (None, "simulated", None),
+        ("0.7.2+cu130", None, None),  # not a label value: not known
+        (None, None, None),
+    ],
+)
+def test_the_flashinfer_label_names_the_kernels_the_tests_ran(
+    imported: str | None, installed: str | None, label: str | None
+) -> None:
+    tests = {"mnnvl": MN_POLICY, "trtllm": _imported(imported)}
+    assert verdict_flashinfer(tests, installed) == label
+    assert decide(TWO, FORBID, tests, flashinfer=installed).labels.get(contract.LABEL_FLASHINFER) == label
+
+
+def test_a_kept_verdict_keeps_the_flashinfer_it_was_made_with_and_no_other() -> None:
+    found = Settled({**FOUND.labels, contract.LABEL_FLASHINFER: "0.7.4"}, "none", "unknown")
+    assert contract.LABEL_FLASHINFER not in keep_previous(found, TWO, ("trtllm",), PREVIOUS).labels
+    made = PreviousVerdict({**PREVIOUS.labels, contract.LABEL_FLASHINFER: "0.7.2.post1"}, PREVIOUS.probe_time)
+    assert keep_previous(found, TWO, ("trtllm",), made).labels[contract.LABEL_FLASHINFER] == "0.7.2.post1"
