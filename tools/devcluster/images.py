@@ -204,6 +204,14 @@ sm_100a): on this machine's two shared cores that build would take far longer th
 compiles its own architecture's comm modules at its first probe, into the chart's kernel cache."""
 
 
+AGENT_IMPORTS = (
+    "import torch, flashinfer, cuda.bindings, pynvml; "
+    "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__, "
+    "'cuda-bindings', getattr(cuda.bindings, '__version__', '?'))"
+)
+"""Run in each architecture's agent image (a foreign one under qemu): the GPU stack imports without a GPU."""
+
+
 def agent_key(architectures: tuple[str, ...]) -> str:
     args = [f"{k}={v}" for k, v in sorted(AGENT_BUILD_ARGS.items())]
     return content_key(dockerfile_key("agent", architectures=architectures), *args)
@@ -381,10 +389,11 @@ class Builder:
             unpacked = int(_run(["du", "-sb", "-x", mount], timeout=600).split()[0])
             argv = ["buildah", "--root", str(self.storage / "root"), "--runroot", str(self.storage / "runroot")]
             argv += ["--storage-driver", "vfs", "run", "--isolation", "chroot", container, "--"]
-            argv += ["tini", "--", "fiar-agent", "probe", "--json"]
+            run: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 1800}
             start = time.monotonic()
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run([*argv, "tini", "--", "fiar-agent", "probe", "--json"], **run)
             seconds = time.monotonic() - start
+            imports = subprocess.run([*argv, "python", "-c", AGENT_IMPORTS], **run)
         finally:
             self.buildah("rm", container)
         try:
@@ -392,7 +401,9 @@ class Builder:
         except ValueError as exc:
             why = f"exit {proc.returncode}: {proc.stderr[-2000:]}"
             raise ImageBuildError(f"agent ({arch}): the probe printed no report ({why})") from exc
-        result = AgentCheck(arch, unpacked, proc.returncode, report, seconds)
+        if imports.returncode != 0:
+            raise ImageBuildError(f"agent ({arch}): {AGENT_IMPORTS!r} failed: {imports.stderr[-2000:]}")
+        result = AgentCheck(arch, unpacked, proc.returncode, report, seconds, imports.stdout.strip())
         self.log(f"image agent ({arch}): {unpacked / 1e9:.2f} GB unpacked; {result.summary()}")
         return result
 
@@ -437,6 +448,8 @@ class AgentCheck:
     exit_code: int
     report: dict[str, Any]
     seconds: float
+    versions: str = ""
+    """What ``AGENT_IMPORTS`` printed: the versions of torch, FlashInfer, cuda-bindings and NVML's bindings."""
 
     def summary(self) -> str:
         labels = self.report.get("labels", {})
@@ -444,7 +457,7 @@ class AgentCheck:
             f"probe exit {self.exit_code}, status {self.report.get('status')}, "
             f"{contract.LABEL_GPUS}={labels.get(contract.LABEL_GPUS)}, "
             f"{contract.LABEL_BACKEND} {labels.get(contract.LABEL_BACKEND, 'absent')}, "
-            f"first reason: {(self.report.get('reasons') or ['-'])[0]} ({self.seconds:.1f}s)"
+            f"first reason: {(self.report.get('reasons') or ['-'])[0]} ({self.seconds:.1f}s); {self.versions}"
         )
 
 
