@@ -1,12 +1,17 @@
 # syntax=docker/dockerfile:1.7
-# Images for fiar: one target per component.
-#   docker build --target operator  -t fiar-operator .
-#   docker build --target agent     -t fiar-agent .
-#   docker build --target agent-sim -t fiar-agent-sim .   (no CUDA: simulated hosts, for tests and demos)
+# Images for fiar: one target per component, each for linux/amd64 and linux/arm64 (Grace: GB200, GH200).
+#   docker buildx build --platform linux/amd64,linux/arm64 --target operator  -t fiar-operator .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target agent     -t fiar-agent .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target agent-sim -t fiar-agent-sim .
+# agent-sim has no CUDA (simulated hosts, for tests and demos). agent has no nvidia/cuda base either:
+# the same Debian-like base, CUDA's compiler and libraries from wheels, and FlashInfer's comm kernels
+# prebuilt for sm_90a and sm_100a (build arg PREBUILD_ARCH; "" prebuilds none and each node compiles
+# its own at its first probe). tools/devcluster/images.py builds these targets without Docker
+# (`python -m devcluster build --images`, `--agent-image`), keying each on the stages it uses.
 # Behind a TLS-intercepting proxy, hand pip the host's CA bundle as a build secret (never stored in
 # a layer): --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt
 ARG PYTHON_VERSION=3.12
-# Base of the operator and agent-sim images: any Debian-like image with python3 and venv on PATH.
+# Base of every image: any Debian-like image with python3 and venv on PATH.
 # The default is the public image; tools/devcluster/images.py points it at a locally made one.
 ARG PYTHON_BASE=python:${PYTHON_VERSION}-slim
 

@@ -5,6 +5,7 @@
     agent-sim     the Dockerfile's ``agent-sim`` target (the agent on simulated hosts, no CUDA)
     vllm-standin  the base plus ``standin/vllm`` and ``standin/sglang``: each prints its argv and env, then waits
     pause         ``pause/main.go`` built static: the sandbox image of every pod
+    agent         the Dockerfile's ``agent`` target (CUDA from wheels), only on request (``--agent-image``)
 
 ``operator`` and ``agent-sim`` are built for every architecture of ``fiar_contract.IMAGE_ARCHITECTURES``
 (``buildah build --platform linux/<arch>``; a foreign one runs under qemu through binfmt_misc,
@@ -13,12 +14,14 @@ OCI index of one manifest per architecture (``buildah manifest push --all``), as
 to each node. The stand-in and the pause image are test parts and built for this host only.
 
 Each image is an OCI archive in ``<cache>/images``, named after a hash of everything it is built
-from, so a warm run builds nothing; containerd imports the archives (``ctr images import``;
-``platform_archive`` cuts one architecture's manifest out of an index, for a node that runs a
-foreign architecture under emulation). buildah runs with chroot isolation and the vfs driver (no
-daemon, no overlay inside overlay), its storage under the cache. pip inside the build trusts the
-host's CA bundle, handed in as a build secret (never stored in a layer). The CUDA ``agent`` target
-is not built here (its base, ``nvidia/cuda``, cannot be fetched).
+from (for a Dockerfile target: the stages it uses, not the whole Dockerfile), so a warm run builds
+nothing; containerd imports the archives (``ctr images import``; ``platform_archive`` cuts one
+architecture's manifest out of an index, for a node that runs a foreign architecture under
+emulation). buildah runs with chroot isolation and the vfs driver (no daemon, no overlay inside
+overlay), its storage under the cache. pip inside the build trusts the host's CA bundle, handed in
+as a build secret (never stored in a layer). The real ``agent`` image (multi-GB) is built only by
+``build_agent_image``, never for the tests; the build runs its probe inside it (no GPU here: a clean
+"degraded, 0 GPUs" report) and imports its GPU stack.
 """
 
 from __future__ import annotations
