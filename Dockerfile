@@ -1,16 +1,19 @@
 # syntax=docker/dockerfile:1.7
-# Images for fiar: one target per component.
-#   docker build --target operator  -t fiar-operator .
-#   docker build --target agent     -t fiar-agent .
-#   docker build --target agent-sim -t fiar-agent-sim .   (no CUDA: simulated hosts, for tests and demos)
+# Images for fiar: one target per component, each for linux/amd64 and linux/arm64 (Grace: GB200, GH200).
+#   docker buildx build --platform linux/amd64,linux/arm64 --target operator  -t fiar-operator .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target agent     -t fiar-agent .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target agent-sim -t fiar-agent-sim .
+# agent-sim has no CUDA (simulated hosts, for tests and demos). agent has no nvidia/cuda base either:
+# the same Debian-like base, CUDA's compiler and libraries from wheels, and FlashInfer's comm kernels
+# prebuilt for sm_90a and sm_100a (build arg PREBUILD_ARCH; "" prebuilds none and each node compiles
+# its own at its first probe). tools/devcluster/images.py builds these targets without Docker
+# (`python -m devcluster build --images`, `--agent-image`), keying each on the stages it uses.
 # Behind a TLS-intercepting proxy, hand pip the host's CA bundle as a build secret (never stored in
 # a layer): --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt
 ARG PYTHON_VERSION=3.12
-# Base of the operator and agent-sim images: any Debian-like image with python3 and venv on PATH.
+# Base of every image: any Debian-like image with python3 and venv on PATH.
 # The default is the public image; tools/devcluster/images.py points it at a locally made one.
 ARG PYTHON_BASE=python:${PYTHON_VERSION}-slim
-ARG CUDA_VERSION=13.0.2
-ARG UBUNTU=ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
 # operator: slim, non-root, nothing but the virtualenv
@@ -58,14 +61,24 @@ ENTRYPOINT ["tini", "--", "fiar-agent"]
 CMD ["run"]
 
 # ---------------------------------------------------------------------------------------------
-# agent: CUDA runtime, torch, FlashInfer, comm kernels prebuilt for sm_90a and sm_100a
+# agent: the node agent on real GPUs. No nvidia/cuda base: the same Debian-like base, and CUDA
+# (compiler, runtime, libraries) from wheels, as torch and FlashInfer are (pyproject's `gpu` and
+# `jit` extras: the one place that names the agent's Python environment). The host's driver
+# (libcuda, libnvidia-ml) comes from the NVIDIA container toolkit at run time.
 # ---------------------------------------------------------------------------------------------
-FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS agent-build
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cu130
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+FROM ${PYTHON_BASE} AS agent-base
+# g++: nvcc's host compiler, for a kernel that is compiled on the node (an architecture not
+# prebuilt below); tini as PID 1 reaps whatever a killed smoke test leaves behind.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev ninja-build \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get install -y --no-install-recommends tini g++ \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /opt/fiar-kernels
+ENV PATH=/opt/fiar/bin:/opt/cuda/bin:$PATH CUDA_HOME=/opt/cuda \
+    PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a"
+
+FROM agent-base AS agent-build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md fiar_contract.py ./
 COPY fiar_kube ./fiar_kube
@@ -76,28 +89,31 @@ COPY kubectl_fiar ./kubectl_fiar
 # (BENCHMARKS.md, Node agent) and the one vLLM 0.33.0 pins, so the agent verifies the kernels the
 # fleet's pods load. A fleet on another vLLM release changes that pin to its release's
 # flashinfer-python and runs bench/agent_gpu_verify.sh on a GPU before shipping the image.
-RUN python3 -m venv /opt/fiar \
- && /opt/fiar/bin/pip install --no-compile --extra-index-url "${TORCH_INDEX}" ".[gpu]"
+# torch from PyPI brings CUDA's libraries as wheels (cuda-toolkit); the `jit` extra adds nvcc of
+# the same cuda-toolkit release. /opt/cuda is the CUDA_HOME nvcc and FlashInfer read.
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && python3 -m venv /opt/fiar \
+ && /opt/fiar/bin/pip install --no-compile ".[gpu,jit]" \
+ && ln -s "$(echo /opt/fiar/lib/python3*/site-packages/nvidia/cu13)" /opt/cuda \
+ && if [ ! -e /opt/cuda/lib64 ]; then ln -s lib /opt/cuda/lib64; fi \
+ && nvcc --version
 # Compile the trtllm and mnnvl comm modules now, for Hopper and Blackwell, so that a node never
-# JIT-compiles on its critical path (no GPU is needed to compile).
-ENV FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels
-RUN /opt/fiar/bin/fiar-agent prebuild --arch "9.0a 10.0a"
+# JIT-compiles on its critical path (no GPU is needed to compile). PREBUILD_ARCH="" builds none:
+# each node then compiles its own architecture's modules at its first probe, into the chart's
+# kernel cache (/var/cache/fiar), and loads them from there afterwards.
+ARG PREBUILD_ARCH="9.0a 10.0a"
+RUN if [ -n "${PREBUILD_ARCH}" ]; then fiar-agent prebuild --arch "${PREBUILD_ARCH}"; fi
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS agent
+FROM agent-base AS agent
 LABEL org.opencontainers.image.title="fiar-agent" \
       org.opencontainers.image.description="fiar node agent: NVLink multicast probe and FlashInfer allreduce smoke tests"
-ENV DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 tini \
- && rm -rf /var/lib/apt/lists/*
 COPY --from=agent-build /opt/fiar /opt/fiar
 COPY --from=agent-build /opt/fiar-kernels /opt/fiar-kernels
+RUN ln -s "$(echo /opt/fiar/lib/python3*/site-packages/nvidia/cu13)" /opt/cuda
 # The chart mounts a writable kernel cache at /var/cache/fiar; `fiar-agent run --kernel-cache`
 # seeds a subfolder keyed by the kernels below (an upgraded image gets a fresh one).
-ENV PATH=/opt/fiar/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    FLASHINFER_WORKSPACE_BASE=/opt/fiar-kernels FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a" \
-    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 EXPOSE 9400
-# tini as PID 1 reaps whatever a killed smoke test leaves behind.
 ENTRYPOINT ["tini", "--", "fiar-agent"]
 CMD ["run"]

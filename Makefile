@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)/tools
 
-.PHONY: venv controlplane realnode-deps browser-deps realnode images demo up down test lint typecheck check clean
+.PHONY: venv controlplane realnode-deps browser-deps realnode images agent-image demo up down test lint typecheck check clean
 
 # Debian packages of tier D (a real kubelet node, and images built without Docker).
 REALNODE_DEBS := containerd runc containernetworking-plugins iptables buildah mmdebstrap qemu-user-static arch-test
@@ -47,6 +47,9 @@ realnode: controlplane realnode-deps  ## tier D: the kubelet and the images (ope
 
 images: venv realnode-deps  ## the images: operator and agent-sim for amd64 and arm64 (one OCI index each), stand-in, pause (cached)
 	$(PY) -m devcluster build --images
+
+agent-image: venv realnode-deps  ## the real (CUDA) agent image for this host's arch, multi-GB; never part of test/CI
+	$(PY) -m devcluster build --agent-image
 
 demo: controlplane  ## the local demo: control plane, agents on fake GPU nodes, operator, vLLM pods
 	$(PY) -m devcluster demo

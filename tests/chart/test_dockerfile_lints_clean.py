@@ -30,4 +30,7 @@ def test_dockerfile_has_an_operator_and_an_agent_target() -> None:
     operator_stage = text.split("AS operator\n", 1)[1].split("\nFROM ", 1)[0]
     assert re.search(r"^USER 65532", operator_stage, re.M), "the operator image runs as non-root"
     assert "COPY --from=operator-build /opt/fiar /opt/fiar" in operator_stage
-    assert 'prebuild --arch "9.0a 10.0a"' in text, "the agent image prebuilds the comm kernels for sm_90a and sm_100a"
+    assert 'ARG PREBUILD_ARCH="9.0a 10.0a"' in text, "by default it prebuilds for sm_90a, sm_100a"
+    assert 'fiar-agent prebuild --arch "${PREBUILD_ARCH}"' in text
+    bases = re.findall(r"^FROM (\S+)", text, re.M)
+    assert not [b for b in bases if "nvidia/cuda" in b], "CUDA comes from wheels, not from an nvidia/cuda base"

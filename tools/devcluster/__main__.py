@@ -3,6 +3,7 @@
 python -m devcluster build            # compile the pinned binaries into the cache (once)
 python -m devcluster build --realnode # and the kubelet and images of tier D (a real node)
 python -m devcluster build --images   # only the images: operator and agent-sim for amd64 and arm64, cached
+python -m devcluster build --agent-image [--arch amd64,arm64]  # the real (CUDA) agent image, multi-GB, cached
 python -m devcluster build kyverno    # only Kyverno (bench/kyverno_peer.py; never built otherwise)
 python -m devcluster up [--tier C]    # start it, print the KUBECONFIG path, return
 python -m devcluster demo             # up + agents on fake GPU nodes + operator + vLLM pods
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--images", action="store_true", help="only the images (operator, agent-sim: one index for amd64 and arm64)"
     )
+    b.add_argument("--agent-image", action="store_true", help="only the real (CUDA) agent image, multi-GB")
+    b.add_argument("--arch", default="", help="with --agent-image: architectures, comma-separated (default: this host)")
     b.add_argument("tools", nargs="*", help="only these: " + ", ".join(dict.fromkeys(t.name for t in build.TOOLS)))
     up = sub.add_parser("up", help="start the control plane and return")
     up.add_argument("--tier", choices=[t.name for t in Tier], default="C")
@@ -140,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         one.add_argument("name", help="component, e.g. fiar-operator or agent-<node>")
     args = parser.parse_args(argv)
     try:
+        if args.cmd == "build" and args.agent_image:
+            from devcluster import realnode
+
+            return realnode.agent_image_cli(tuple(a for a in args.arch.split(",") if a) or None)
         if args.cmd == "build" and args.images:
             from devcluster import realnode
 

@@ -5,6 +5,7 @@
     agent-sim     the Dockerfile's ``agent-sim`` target (the agent on simulated hosts, no CUDA)
     vllm-standin  the base plus ``standin/vllm`` and ``standin/sglang``: each prints its argv and env, then waits
     pause         ``pause/main.go`` built static: the sandbox image of every pod
+    agent         the Dockerfile's ``agent`` target (CUDA from wheels), only on request (``--agent-image``)
 
 ``operator`` and ``agent-sim`` are built for every architecture of ``fiar_contract.IMAGE_ARCHITECTURES``
 (``buildah build --platform linux/<arch>``; a foreign one runs under qemu through binfmt_misc,
@@ -13,12 +14,14 @@ OCI index of one manifest per architecture (``buildah manifest push --all``), as
 to each node. The stand-in and the pause image are test parts and built for this host only.
 
 Each image is an OCI archive in ``<cache>/images``, named after a hash of everything it is built
-from, so a warm run builds nothing; containerd imports the archives (``ctr images import``;
-``platform_archive`` cuts one architecture's manifest out of an index, for a node that runs a
-foreign architecture under emulation). buildah runs with chroot isolation and the vfs driver (no
-daemon, no overlay inside overlay), its storage under the cache. pip inside the build trusts the
-host's CA bundle, handed in as a build secret (never stored in a layer). The CUDA ``agent`` target
-is not built here (its base, ``nvidia/cuda``, cannot be fetched).
+from (for a Dockerfile target: the stages it uses, not the whole Dockerfile), so a warm run builds
+nothing; containerd imports the archives (``ctr images import``; ``platform_archive`` cuts one
+architecture's manifest out of an index, for a node that runs a foreign architecture under
+emulation). buildah runs with chroot isolation and the vfs driver (no daemon, no overlay inside
+overlay), its storage under the cache. pip inside the build trusts the host's CA bundle, handed in
+as a build secret (never stored in a layer). The real ``agent`` image (multi-GB) is built only by
+``build_agent_image``, never for the tests; the build runs its probe inside it (no GPU here: a clean
+"degraded, 0 GPUs" report) and imports its GPU stack.
 """
 
 from __future__ import annotations
@@ -146,9 +149,82 @@ def base_key(arch: str | None = None) -> str:
     return content_key("mmdebstrap", "minbase", DEBIAN_SUITE, arch or binfmt.host_arch(), *BASE_PACKAGES)
 
 
-def dockerfile_key(target: str) -> str:
-    bases = [f"{arch}={base_key(arch)}" for arch in ARCHITECTURES]
-    return content_key(*bases, target, "index", paths=(ROOT / "Dockerfile", *(ROOT / p for p in DOCKERFILE_CONTEXT)))
+def dockerfile_stages(text: str) -> tuple[str, dict[str, str]]:
+    """The Dockerfile's global part (before the first FROM) and each stage's instructions by its name.
+
+    Comments and blank lines are left out, so that only what a build runs counts.
+    """
+    preamble: list[str] = []
+    stages: dict[str, list[str]] = {}
+    current = preamble
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0].upper() == "FROM":
+            name = words[3] if len(words) >= 4 and words[2].upper() == "AS" else str(len(stages))
+            current = stages.setdefault(name, [])
+        current.append(line)
+    return "\n".join(preamble), {name: "\n".join(lines) for name, lines in stages.items()}
+
+
+def stages_used(target: str, stages: dict[str, str]) -> list[str]:
+    """``target`` and every stage it is built FROM or copies from, transitively, in the Dockerfile's order."""
+    if target not in stages:
+        raise ImageBuildError(f"the Dockerfile has no stage {target!r}")
+    used: set[str] = set()
+    todo = [target]
+    while todo:
+        name = todo.pop()
+        if name in used:
+            continue
+        used.add(name)
+        for line in stages[name].splitlines():
+            words = line.split()
+            if words[0].upper() == "FROM" and len(words) > 1 and words[1] in stages:
+                todo.append(words[1])
+            # COPY --from=NAME and RUN --mount=...,from=NAME
+            parts = [part for word in words for part in word.split(",")]
+            sources = [part.split("=", 1)[1] for part in parts if part.startswith(("--from=", "from="))]
+            todo += [source for source in sources if source in stages]
+    return [name for name in stages if name in used]
+
+
+def dockerfile_key(target: str, dockerfile: str | None = None, architectures: tuple[str, ...] = ARCHITECTURES) -> str:
+    """The key of one target: the stages it uses (not the whole Dockerfile), the bases and the build context."""
+    text = dockerfile if dockerfile is not None else (ROOT / "Dockerfile").read_text()
+    preamble, stages = dockerfile_stages(text)
+    used = [f"{name}\n{stages[name]}" for name in stages_used(target, stages)]
+    bases = [f"{arch}={base_key(arch)}" for arch in architectures]
+    return content_key(*bases, preamble, *used, target, "index", paths=tuple(ROOT / p for p in DOCKERFILE_CONTEXT))
+
+
+AGENT_NAME = "localhost/fiar-agent"
+AGENT_BUILD_ARGS = {"PREBUILD_ARCH": ""}
+"""The agent image built here prebuilds no kernels (the Dockerfile's default prebuilds for sm_90a and
+sm_100a): on this machine's two shared cores that build would take far longer than the image. Each node
+compiles its own architecture's comm modules at its first probe, into the chart's kernel cache."""
+
+
+AGENT_IMPORTS = (
+    "import torch, flashinfer, cuda.bindings, pynvml; "
+    "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__, "
+    "'cuda-bindings', getattr(cuda.bindings, '__version__', '?'))"
+)
+"""Run in each architecture's agent image (a foreign one under qemu): the GPU stack imports without a GPU."""
+
+
+def agent_key(architectures: tuple[str, ...]) -> str:
+    args = [f"{k}={v}" for k, v in sorted(AGENT_BUILD_ARGS.items())]
+    return content_key(dockerfile_key("agent", architectures=architectures), *args)
+
+
+def agent_image(architectures: tuple[str, ...] | None = None) -> Image:
+    """The real (CUDA) agent image: built only on request (``devcluster build --agent-image``), multi-GB."""
+    archs = architectures or (binfmt.host_arch(),)
+    key = agent_key(archs)
+    return Image(AGENT_NAME, key, cache_dir() / f"agent-{key}.tar", architectures=archs)
 
 
 def standin_key() -> str:
@@ -262,8 +338,17 @@ class Builder:
         self.log(f"base image: {ref} imported into buildah in {time.monotonic() - start:.0f}s")
         return ref
 
-    def dockerfile_target(self, target: str, image: Image) -> None:
-        """One build per architecture, then one OCI index of them all, pushed into the archive."""
+    def dockerfile_target(
+        self,
+        target: str,
+        image: Image,
+        build_args: dict[str, str] | None = None,
+        check: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """One build per architecture, then one OCI index of them all, pushed into the archive.
+
+        ``check(arch, ref)`` runs on each architecture's image before it is stored.
+        """
         refs = []
         for arch in image.architectures:
             start = time.monotonic()
@@ -273,6 +358,8 @@ class Builder:
                 continue
             args = ["build", "--isolation", "chroot", "--pull=never", "--platform", f"linux/{arch}"]
             args += ["--target", target, "--build-arg", f"PYTHON_BASE={self.base(arch)}"]
+            for name, value in (build_args or {}).items():
+                args += ["--build-arg", f"{name}={value}"]
             args += ["-t", ref, "-f", str(ROOT / "Dockerfile")]
             ca = host_ca_bundle()
             if ca is not None:
@@ -280,6 +367,9 @@ class Builder:
             self.buildah(*args, str(ROOT), timeout=3600)
             refs.append(ref)
             self.log(f"image {target} ({arch}): built in {time.monotonic() - start:.0f}s")
+        for arch, ref in zip(image.architectures, refs, strict=True):
+            if check is not None:
+                check(arch, ref)
         with contextlib.suppress(ImageBuildError):
             self.buildah("manifest", "rm", image.ref)
         self.buildah("manifest", "create", image.ref)
@@ -287,11 +377,38 @@ class Builder:
             self.buildah("manifest", "add", "--os", "linux", "--arch", arch, image.ref, ref)
         partial = image.archive.with_name(image.archive.name + ".partial")
         partial.unlink(missing_ok=True)
-        self.buildah("manifest", "push", "--all", "--quiet", image.ref, f"oci-archive:{partial}:{image.ref}")
+        push = ["manifest", "push", "--all", "--quiet", image.ref, f"oci-archive:{partial}:{image.ref}"]
+        self.buildah(*push, timeout=3600)
         partial.replace(image.archive)
         self.buildah("manifest", "rm", image.ref)
         for ref in refs:
             self.buildah("rmi", ref)
+
+    def agent_check(self, arch: str, ref: str) -> AgentCheck:
+        """The agent image's unpacked size and its ``fiar-agent probe --json`` run inside it (no GPU here)."""
+        container = self.buildah("from", "--pull=never", ref).strip()
+        try:
+            mount = self.buildah("mount", container).strip()
+            unpacked = int(_run(["du", "-sb", "-x", mount], timeout=600).split()[0])
+            argv = ["buildah", "--root", str(self.storage / "root"), "--runroot", str(self.storage / "runroot")]
+            argv += ["--storage-driver", "vfs", "run", "--isolation", "chroot", container, "--"]
+            run: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 1800}
+            start = time.monotonic()
+            proc = subprocess.run([*argv, "tini", "--", "fiar-agent", "probe", "--json"], **run)
+            seconds = time.monotonic() - start
+            imports = subprocess.run([*argv, "python", "-c", AGENT_IMPORTS], **run)
+        finally:
+            self.buildah("rm", container)
+        try:
+            report = json.loads(proc.stdout)
+        except ValueError as exc:
+            why = f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+            raise ImageBuildError(f"agent ({arch}): the probe printed no report ({why})") from exc
+        if imports.returncode != 0:
+            raise ImageBuildError(f"agent ({arch}): {AGENT_IMPORTS!r} failed: {imports.stderr[-2000:]}")
+        result = AgentCheck(arch, unpacked, proc.returncode, report, seconds, imports.stdout.strip())
+        self.log(f"image agent ({arch}): {unpacked / 1e9:.2f} GB unpacked; {result.summary()}")
+        return result
 
     def standin(self, image: Image) -> None:
         container = self.buildah("from", "--pull=never", self.base()).strip()
@@ -323,6 +440,59 @@ class Builder:
             finally:
                 self.buildah("rm", container)
         self.export(image.ref, image.archive)
+
+
+@dataclass(frozen=True)
+class AgentCheck:
+    """What the agent image's own probe said on a host without a GPU."""
+
+    arch: str
+    unpacked_bytes: int
+    exit_code: int
+    report: dict[str, Any]
+    seconds: float
+    versions: str = ""
+    """What ``AGENT_IMPORTS`` printed: the versions of torch, FlashInfer, cuda-bindings and NVML's bindings."""
+
+    def summary(self) -> str:
+        labels = self.report.get("labels", {})
+        return (
+            f"probe exit {self.exit_code}, status {self.report.get('status')}, "
+            f"{contract.LABEL_GPUS}={labels.get(contract.LABEL_GPUS)}, "
+            f"{contract.LABEL_BACKEND} {labels.get(contract.LABEL_BACKEND, 'absent')}, "
+            f"first reason: {(self.report.get('reasons') or ['-'])[0]} ({self.seconds:.1f}s); {self.versions}"
+        )
+
+
+def build_agent_image(
+    log: Log | None = None, architectures: tuple[str, ...] | None = None
+) -> tuple[Image, list[AgentCheck]]:
+    """Build the real agent image (cached like the others) and run its probe inside it, per architecture."""
+    log = log or build.TextLog()
+    missing = missing_tools()
+    if missing:
+        raise ImageBuildError(f"missing image tool(s): {', '.join(missing)}")
+    image = agent_image(architectures)
+    for arch in image.architectures:
+        try:
+            binfmt.ensure(arch)
+        except binfmt.BinfmtError as exc:
+            raise ImageBuildError(f"cannot build {arch} images here: {exc}") from exc
+    checks: list[AgentCheck] = []
+    if image.archive.is_file():
+        return image, checks
+    with _locked(cache_dir()):
+        builder = Builder(log)
+        start = time.monotonic()
+        log(f"image agent: building {image.ref} for {', '.join(image.architectures)} (multi-GB)...")
+        builder.dockerfile_target(
+            "agent", image, AGENT_BUILD_ARGS, check=lambda arch, ref: checks.append(builder.agent_check(arch, ref))
+        )
+        seconds = time.monotonic() - start
+        image = Image(image.name, image.key, image.archive, seconds, image.architectures)
+        log(f"image agent: built in {seconds:.0f}s, {_mb(image.archive)} MB archive (gzip layers)")
+        _prune("agent", image.archive)
+    return image, checks
 
 
 @contextlib.contextmanager

@@ -103,6 +103,17 @@ def images_cli() -> int:
     return 0
 
 
+def agent_image_cli(architectures: tuple[str, ...] | None) -> int:
+    """``devcluster build --agent-image``: the real agent image, and its probe run inside it on this host."""
+    image, checks = images.build_agent_image(architectures=architectures)
+    took = "cached" if image.build_seconds is None else f"built in {image.build_seconds:.0f}s"
+    arches = ",".join(image.architectures)
+    print(f"agent {image.ref} {arches} {image.size_bytes / 1e6:.0f} MB (archive, gzip layers) {took}")
+    for check in checks:
+        print(f"agent ({check.arch}): {check.unpacked_bytes / 1e9:.2f} GB unpacked; {check.summary()}")
+    return 0
+
+
 def host_ip() -> str | None:
     """The address of the interface the default route leaves by (else the first global address)."""
     proc = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
