@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -545,7 +546,10 @@ KEEP_ARCHIVES = 3
 
 
 def _prune(name: str, current: Path) -> None:
-    archives = sorted(current.parent.glob(f"{name}-*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    """Remove all but the newest ``KEEP_ARCHIVES`` archives of ``name`` (``agent`` never counts ``agent-sim``'s)."""
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}\.tar")
+    archives = [p for p in current.parent.glob(f"{name}-*.tar") if pattern.fullmatch(p.name)]
+    archives.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     for old in [a for a in archives if a != current][KEEP_ARCHIVES - 1 :]:
         old.unlink(missing_ok=True)
 
