@@ -6,6 +6,9 @@ multi-architecture build, arm64 under qemu), and a change to theirs must not reb
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from devcluster import images
 
 DOCKERFILE = (images.ROOT / "Dockerfile").read_text()
@@ -59,3 +62,17 @@ def test_a_stage_copied_through_a_mount_counts_as_used() -> None:
     text += "RUN --mount=type=bind,from=tools,target=/t ls\n"
     _, stages = images.dockerfile_stages(text)
     assert images.stages_used("app", stages) == ["tools", "app"]
+
+
+def test_pruning_the_agents_archives_leaves_the_agent_sims_alone(tmp_path: Path) -> None:
+    def archive(name: str, n: int) -> Path:
+        path = tmp_path / f"{name}-{n:016x}.tar"
+        path.write_bytes(b"")
+        os.utime(path, (n, n))
+        return path
+
+    sims = [archive("agent-sim", n) for n in range(1, 5)]
+    agents = [archive("agent", n) for n in range(10, 15)]
+    images._prune("agent", agents[-1])
+    assert all(path.exists() for path in sims)
+    assert [path.exists() for path in agents] == [False, False, True, True, True]
