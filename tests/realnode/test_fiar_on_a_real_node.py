@@ -219,11 +219,15 @@ def test_agent_labels_its_own_node_through_its_service_account(release: Release)
         assert token_files, "no service-account token mounted into the agent pod"
         token = token_files[0].read_text()
     as_agent = release.plane.write_kubeconfig(node.dir / "agent.kubeconfig", "agent", token=token)
-    own = kubectl(as_agent, "label", "node", node.name, "fiar.io/e2e=own", "--overwrite", check=False)
-    other = kubectl(as_agent, "label", "node", release.kwok_node, "fiar.io/e2e=other", "--overwrite", check=False)
+    # One of the contract's labels, written again with the value it has: allowed on its own node only;
+    # a fiar.io/ label outside the contract is refused there too.
+    gpus = f"{contract.LABEL_GPUS}={labels[contract.LABEL_GPUS]}"
+    own = kubectl(as_agent, "label", "node", node.name, gpus, "--overwrite", check=False)
+    other = kubectl(as_agent, "label", "node", release.kwok_node, gpus, "--overwrite", check=False)
+    extra = kubectl(as_agent, "label", "node", node.name, "fiar.io/e2e=own", "--overwrite", check=False)
     assert own.returncode == 0, own.stderr
     assert other.returncode != 0 and "denied" in other.stderr, other.stderr
-    kubectl(as_agent, "label", "node", node.name, "fiar.io/e2e-")
+    assert extra.returncode != 0 and "its own fiar.io/ labels" in extra.stderr, extra.stderr
 
 
 # -- upgrade under load ----------------------------------------------------------------------------
