@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,9 +17,12 @@ from .tls import tls_context
 
 
 def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[str, str] | None = None) -> Any:
-    """A urllib3 pool with the configuration's TLS settings (``tls_context``, the lane's), through its
-    proxy unless bypassed. A client certificate in files is named to urllib3 as well, which loads it
-    again on each new connection (a rotated certificate is used next); one in memory is in the context."""
+    """A urllib3 pool with the configuration's TLS settings, through its proxy unless bypassed. Each
+    new connection makes its own context (``tls_context``, as the lane does): its CA and client
+    certificate are read again (a rotated certificate is used next), and no context is shared between
+    threads. urllib3 given one context changes it on every connection (``load_cert_chain`` of the
+    certificate files, ``verify_mode``, ``check_hostname``) while other threads handshake with it,
+    which OpenSSL does not allow: the process died by SIGSEGV when watches started together."""
     import ssl
 
     import urllib3
@@ -29,12 +32,6 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
         "maxsize": maxsize,
         "cert_reqs": ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE,
     }
-    try:
-        args["ssl_context"] = tls_context(cfg)
-    except (OSError, ValueError):  # an unreadable CA or certificate: urllib3 fails each connection on it
-        args["ca_certs"] = cfg.ssl_ca_cert
-    if cfg.cert_file and not getattr(cfg, "key_data", None):
-        args["cert_file"], args["key_file"] = cfg.cert_file, cfg.key_file
     optional = {"assert_hostname": "assert_hostname", "server_hostname": "tls_server_name"}
     for arg, attribute in optional.items():
         value = getattr(cfg, attribute, None)
@@ -44,15 +41,15 @@ def pool_manager(cfg: Any, maxsize: int, num_pools: int = 4, environ: Mapping[st
         args["socket_options"] = cfg.socket_options
     proxy = proxy_for(cfg, environ)
     if proxy is None:
-        return _timed(urllib3.PoolManager(**args))
+        return _own_contexts(urllib3.PoolManager(**args), cfg)
     headers = getattr(cfg, "proxy_headers", None)
     if urlsplit(proxy).scheme.lower().startswith("socks"):
         try:
             from urllib3.contrib.socks import SOCKSProxyManager
         except ImportError as exc:  # PySocks is not installed
             raise ConfigError(f"the proxy {proxy} needs PySocks: {exc}") from exc
-        return SOCKSProxyManager(proxy, headers=headers, **args)
-    return _timed(urllib3.ProxyManager(proxy, proxy_headers=headers, **args))
+        return _own_contexts(SOCKSProxyManager(proxy, headers=headers, **args), cfg, socks=True)
+    return _own_contexts(urllib3.ProxyManager(proxy, proxy_headers=headers, **args), cfg)
 
 
 _HEAD_BY: ContextVar[float | None] = ContextVar("fiar_kube_head_by", default=None)
@@ -69,43 +66,55 @@ def head_by(deadline: float | None) -> Iterator[None]:
         _HEAD_BY.reset(token)
 
 
-def _timed(manager: Any) -> Any:
-    manager.pool_classes_by_scheme = _timed_pools()
+def _own_contexts(manager: Any, cfg: Any, socks: bool = False) -> Any:
+    """``manager`` with pools whose connections make their own TLS context from ``cfg`` when they
+    connect (and, but through SOCKS, read their answer's head under ``head_by``'s deadline)."""
+    manager.pool_classes_by_scheme = _pools(functools.partial(tls_context, cfg), socks)
     return manager
 
 
-@functools.cache
-def _timed_pools() -> dict[str, Any]:
-    """urllib3's pools, with connections whose answer's head is read under ``head_by``'s deadline."""
+def _pools(make_context: Callable[[], Any], socks: bool) -> dict[str, Any]:
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-    class TimedHead:
-        sock: Any
+    base_connections: tuple[type[Any], type[Any]] = (HTTPConnection, HTTPSConnection)
+    base_pools: tuple[type[Any], type[Any]] = (HTTPConnectionPool, HTTPSConnectionPool)
+    if socks:
+        from urllib3.contrib import socks as socks_module
 
-        def getresponse(self) -> Any:
-            deadline, sock = _HEAD_BY.get(), self.sock
-            if deadline is None or sock is None:
-                return super().getresponse()  # type: ignore[misc]
-            alarm = WATCHDOG.arm(deadline, lambda: sock.shutdown(socket.SHUT_RDWR))
-            try:
-                response = super().getresponse()  # type: ignore[misc]
-            finally:
-                alarm.cancel()
-            if alarm.fired:  # http.client reads the end of a connection as the end of the head
-                raise TimeoutError("the answer's head did not end by the request's deadline")
-            return response
+        base_connections = (socks_module.SOCKSConnection, socks_module.SOCKSHTTPSConnection)
+        base_pools = (socks_module.SOCKSHTTPConnectionPool, socks_module.SOCKSHTTPSConnectionPool)
 
-    class TimedHTTPConnection(TimedHead, HTTPConnection):
-        pass
+    class OwnContext:
+        ssl_context: Any
 
-    class TimedHTTPSConnection(TimedHead, HTTPSConnection):
-        pass
+        def connect(self) -> None:
+            self.ssl_context = make_context()  # read now; urllib3 changes it on this connection only
+            super().connect()  # type: ignore[misc]
 
-    class TimedHTTPPool(HTTPConnectionPool):
-        ConnectionCls = TimedHTTPConnection
+    mixins: tuple[type[Any], ...] = () if socks else (TimedHead,)
+    connection = type("Connection", (*mixins, base_connections[0]), {})
+    tls_connection = type("TLSConnection", (OwnContext, *mixins, base_connections[1]), {})
+    return {
+        "http": type("Pool", (base_pools[0],), {"ConnectionCls": connection}),
+        "https": type("TLSPool", (base_pools[1],), {"ConnectionCls": tls_connection}),
+    }
 
-    class TimedHTTPSPool(HTTPSConnectionPool):
-        ConnectionCls = TimedHTTPSConnection
 
-    return {"http": TimedHTTPPool, "https": TimedHTTPSPool}
+class TimedHead:
+    """A connection whose answer's head is read by ``head_by``'s deadline."""
+
+    sock: Any
+
+    def getresponse(self) -> Any:
+        deadline, sock = _HEAD_BY.get(), self.sock
+        if deadline is None or sock is None:
+            return super().getresponse()  # type: ignore[misc]
+        alarm = WATCHDOG.arm(deadline, lambda: sock.shutdown(socket.SHUT_RDWR))
+        try:
+            response = super().getresponse()  # type: ignore[misc]
+        finally:
+            alarm.cancel()
+        if alarm.fired:  # http.client reads the end of a connection as the end of the head
+            raise TimeoutError("the answer's head did not end by the request's deadline")
+        return response

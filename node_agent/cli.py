@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import functools
 import json
 import os
@@ -269,6 +270,7 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    faulthandler.enable()  # a fatal signal prints every thread's Python stack to the log
     from node_agent import daemon
 
     config = daemon.DaemonConfig.from_args(args, probe_config(args))

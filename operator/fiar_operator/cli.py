@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import logging
 import os
 import random
@@ -181,6 +182,7 @@ def leave_out_generated_client(modules: dict[str, Any] = sys.modules) -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
+    faulthandler.enable()  # a fatal signal prints every thread's Python stack to the log
     settings = _settings(args)
     settings.check()
     client = kube.Kube(kube.configuration(settings.kubeconfig))

@@ -29,6 +29,8 @@ class Seen:
     body: bytes
     fields: list[tuple[str, str]] = field(default_factory=list)
     """Every header field as received, repeated names included."""
+    client: str | None = None
+    """The common name of the client certificate presented (a server with ``client_ca``)."""
 
 
 @dataclass
@@ -37,6 +39,8 @@ class Answer:
     body: Any = field(default_factory=dict)
     chunks: list[bytes] | None = None
     """A chunked answer (a watch stream) instead of ``body``."""
+    close: bool = False
+    """Close the connection after the answer (``Connection: close``)."""
 
 
 Script = Callable[[Seen], Answer]
@@ -68,10 +72,16 @@ class Loopback:
                 length = int(self.headers.get("Content-Length") or 0)
                 headers = dict(self.headers.items())
                 seen = Seen(self.command, self.path, headers, self.rfile.read(length), list(self.headers.items()))
+                peer = self.connection.getpeercert() if hasattr(self.connection, "getpeercert") else None
+                if peer:
+                    seen.client = dict(pair[0] for pair in peer["subject"]).get("commonName")
                 outer.seen.append(seen)
                 answer = outer.script(seen)
                 self.send_response(answer.status)
                 self.send_header("Content-Type", "application/json")
+                if answer.close:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 if answer.chunks is not None:
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
