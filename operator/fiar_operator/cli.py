@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("crd", help="print the FiAllreducePolicy CustomResourceDefinition")
 
-    config = commands.add_parser("webhook-config", help="print the MutatingWebhookConfiguration")
+    config = commands.add_parser(
+        "webhook-config",
+        help="print the MutatingWebhookConfiguration and the policy webhook's ValidatingWebhookConfiguration",
+    )
     target = config.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="https://host:port of the webhook server")
     target.add_argument("--service", help="NAMESPACE/NAME:PORT of the webhook Service")
@@ -203,12 +206,16 @@ def _run(args: argparse.Namespace) -> int:
         ca = args.webhook_ca or args.tls_cert
         if ca is None:
             raise OperatorError("--register-webhooks needs --webhook-ca or --tls-cert")
+        bundle = Path(ca).read_bytes()
         config = webhookconfig.configuration(
-            Path(ca).read_bytes(),
+            bundle,
             url=args.register_webhooks,
             selector=webhookconfig.namespace_selector(settings.excluded_namespaces),
         )
         registered = runtime.kube.apply(kube.MUTATING_CONFIGS, config)["metadata"]["name"]
+        runtime.kube.apply(
+            kube.VALIDATING_CONFIGS, webhookconfig.policy_configuration(bundle, url=args.register_webhooks)
+        )
         runtime.reconciler.webhooks.name = runtime.reconciler.webhooks.name or registered
     runtime.start()
 
@@ -233,6 +240,8 @@ def _run(args: argparse.Namespace) -> int:
         if registered:
             with contextlib.suppress(OperatorError, ApiError):
                 runtime.kube.delete(kube.MUTATING_CONFIGS, registered)
+            with contextlib.suppress(OperatorError, ApiError):
+                runtime.kube.delete(kube.VALIDATING_CONFIGS, registered)
     return 0
 
 
@@ -256,9 +265,12 @@ def _webhook_config(args: argparse.Namespace) -> int:
             selector=webhookconfig.namespace_selector(exclude),
             timeout=args.timeout_seconds,
         )
+        policies = webhookconfig.policy_configuration(
+            args.ca_file.read_bytes(), url=args.url, service=service, timeout=args.timeout_seconds
+        )
     except ValueError as exc:
         raise OperatorError(str(exc)) from None
-    sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
+    sys.stdout.write(yaml.safe_dump_all([config, policies], sort_keys=False))
     return 0
 
 

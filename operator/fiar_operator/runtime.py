@@ -32,7 +32,7 @@ class Runtime:
         self.store = Store()
         self.metrics = Metrics(self.store.sizes, self.store.index_bytes)
         self.heartbeats = Heartbeats()
-        self.admission = Admission(self.store, self.metrics)
+        self.admission = Admission(self.store, self.metrics, on_policy=lambda p: self.reconciler.admit_policy(p))
         self.server = Server(
             self.admission, self.metrics, settings, self.kube, lambda: self.store.synced, heartbeats=self.heartbeats
         )

@@ -1,5 +1,6 @@
-"""The chart renders the webhooks that ``fiar-operator webhook-config`` prints: timeouts, failure
-policy, reinvocation and excluded namespaces come from one module (webhookconfig.py)."""
+"""The chart renders the webhooks that ``fiar-operator webhook-config`` prints (the pod and binding
+webhooks, and the policy webhook): timeouts, failure policy, side effects, reinvocation and excluded
+namespaces come from one module (webhookconfig.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def test_chart_webhooks_are_the_command_lines_webhooks(
     controlplane_binaries: Any, tmp_path: Path, values: dict[str, Any], cli_args: list[str]
 ) -> None:
     name = f"{values.get('fullnameOverride', 'fiar')}-operator"
-    chart = next(d for d in render(CHART, values, namespace="gpu-ops") if d["kind"] == "MutatingWebhookConfiguration")
+    rendered = render(CHART, values, namespace="gpu-ops")
+    kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    chart = {d["kind"]: d for d in rendered if d["kind"] in kinds}
     ca = tmp_path / "ca.crt"
     ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     proc = subprocess.run(
@@ -55,5 +58,7 @@ def test_chart_webhooks_are_the_command_lines_webhooks(
         timeout=60,
         check=True,
     )
-    printed = yaml.safe_load(proc.stdout)
-    assert without_ca(chart["webhooks"]) == without_ca(printed["webhooks"])
+    printed = {d["kind"]: d for d in yaml.safe_load_all(proc.stdout)}
+    assert set(printed) == set(kinds)
+    for kind in kinds:
+        assert without_ca(chart[kind]["webhooks"]) == without_ca(printed[kind]["webhooks"])

@@ -1,4 +1,6 @@
-"""The two mutating webhooks as plain functions: AdmissionReview in, AdmissionReview out.
+"""The webhooks as plain functions: AdmissionReview in, AdmissionReview out. Two mutating ones (pod
+CREATE, binding) and one validating one on policies, which allows every policy and first hands it to
+``on_policy`` (the webhooks' conditions are made to cover it before it is stored).
 
 Both answer from the in-memory ``Store``. When an answer needs an object the store does not hold
 (a brand-new namespace's labels, or a pod this replica neither admitted nor has seen yet), the
@@ -21,11 +23,11 @@ import fiar_contract as contract
 from fiar_operator.admission import mutation
 from fiar_operator.core import decide, limits, patches
 from fiar_operator.core.decide import utc_now
-from fiar_operator.core.errors import OverBudget, ReviewError
+from fiar_operator.core.errors import OverBudget, PolicyError, ReviewError
 from fiar_operator.core.metrics import Metrics
 from fiar_operator.core.names import is_namespace_name, is_object, is_pod_name
 from fiar_operator.core.pods import PodRecord, group_plan, pod_options, pod_record, vllm_release
-from fiar_operator.core.policy import NAMESPACE_NAME_LABEL, covers_namespace, select_policy
+from fiar_operator.core.policy import NAMESPACE_NAME_LABEL, Policy, covers_namespace, parse_policy, select_policy
 from fiar_operator.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -94,10 +96,18 @@ def respond(review: Review, ops: list[patches.Op] | None = None, warnings: list[
 class Admission:
     """The webhooks' logic over a Store; ``clock`` gives decision times (RFC 3339)."""
 
-    def __init__(self, store: Store, metrics: Metrics, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        clock: Callable[[], str] = utc_now,
+        on_policy: Callable[[Policy], None] | None = None,
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.clock = clock
+        self.on_policy = on_policy
+        """Called with each policy being created or changed (not on a dry run), before the answer."""
 
     # -- helpers ---------------------------------------------------------------------------------
     def _namespace_labels(self, namespace: str, fetched: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -218,6 +228,31 @@ class Admission:
                 result = "defaulted"
         self.metrics.admission("pods", result)
         return respond(review, ops, warnings)
+
+    # -- FiAllreducePolicy CREATE and UPDATE (validating) -----------------------------------------
+    def policy(
+        self,
+        review: Review,
+        fetched: Mapping[str, Any] | None = None,
+        can_read: bool = True,
+        budget: limits.Budget | None = None,
+    ) -> dict[str, Any]:
+        """Always allowed: the CRD's schema validates a policy, and status reports what it cannot use.
+        A policy fiar can use is first handed to ``on_policy`` (not on a dry run); a failure there is
+        logged, never a refusal."""
+        request = review.request
+        obj = request.get("object")
+        if review.dry_run or self.on_policy is None or request.get("operation") not in ("CREATE", "UPDATE"):
+            return respond(review)
+        if not isinstance(obj, Mapping) or obj.get("kind") != contract.KIND:
+            return respond(review)
+        try:
+            parsed = parse_policy(obj)
+        except PolicyError:
+            return respond(review)
+        self.metrics.admission("policies", "allowed")
+        self.on_policy(parsed)
+        return respond(review)
 
     # -- pods/binding CREATE ---------------------------------------------------------------------
     def _find_pod(

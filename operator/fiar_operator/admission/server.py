@@ -5,6 +5,7 @@ kopf's loop never delays an admission answer. Routes (``ROUTES``, one row per we
 
     POST /mutate/pods      pod CREATE webhook
     POST /mutate/binding   pods/binding CREATE webhook
+    POST /validate/policies  FiAllreducePolicy CREATE and UPDATE webhook (validating, always allows)
     GET  /healthz          200 while every part makes progress (liveness.py)
     GET  /readyz           200 once every watched kind has been listed (and TLS can complete a handshake)
     GET  /metrics          Prometheus exposition (metrics port only)
@@ -80,6 +81,7 @@ class Route:
 ROUTES: Final = (
     Route("pods", "/mutate/pods", lambda admission: admission.pod_create, on_loop=True),
     Route("binding", "/mutate/binding", lambda admission: admission.binding, on_loop=True),
+    Route("policies", "/validate/policies", lambda admission: admission.policy),
 )
 ON_LOOP_BODY: Final = 16 * 1024
 """Bytes of a review answered on the event loop at most. A Binding's review is about 1 KB, a vLLM

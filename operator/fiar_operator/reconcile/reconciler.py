@@ -365,9 +365,19 @@ class Reconciler:
                 found.setdefault((member.namespace, member.name), member)
         return list(found.values())
 
+    def _managed_namespaces(self) -> set[str]:
+        return {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}
+
+    def admit_policy(self, policy: Policy) -> None:
+        """From the policy webhook (a review thread), before ``policy`` is stored: the webhooks'
+        conditions cover it now (``WebhookSync.admit``), not once the leader's watch brings it."""
+        done = self.webhooks.admit(
+            policy, list(self.store.policies.values()), self._managed_namespaces(), self._leading
+        )
+        log.info("policy %s admitted: webhook conditions %s", policy.name, done)
+
     def _sync_webhooks(self) -> None:
-        managed = {namespace for keys in list(self.store.by_policy.values()) for namespace, _ in list(keys)}
-        self.webhooks.sync(list(self.store.policies.values()), managed)
+        self.webhooks.sync(list(self.store.policies.values()), self._managed_namespaces())
         self.metrics.conditions_follow_policies.set(0 if self.webhooks.fallback is not None else 1)
         target = {
             "apiVersion": "admissionregistration.k8s.io/v1",

@@ -1,4 +1,5 @@
-"""The MutatingWebhookConfiguration of the two webhooks: the one place of their settings.
+"""The MutatingWebhookConfiguration of the two webhooks, and the ValidatingWebhookConfiguration of
+the policy webhook: the one place of their settings.
 
 ``fiar-operator webhook-config``, ``fiar-operator run --register-webhooks`` (the local demo) and the
 Helm chart render the same webhooks; a test renders the chart and compares it with this module.
@@ -25,6 +26,10 @@ POD_HOOK: Final = f"pods.{contract.GROUP}"
 BINDING_HOOK: Final = f"binding.{contract.GROUP}"
 POD_PATH: Final = "/mutate/pods"
 BINDING_PATH: Final = "/mutate/binding"
+POLICY_HOOK: Final = f"policies.{contract.GROUP}"
+POLICY_PATH: Final = "/validate/policies"
+POLICY_SIDE_EFFECTS: Final = "NoneOnDryRun"
+"""The policy webhook patches the pod webhooks' conditions before it allows a policy; never on a dry run."""
 TIMEOUT_SECONDS: Final = 1
 """API-server timeout of each webhook call; the chart's ``operator.webhook.timeoutSeconds`` default.
 The API server's minimum: a hung operator delays a managed pod's CREATE, and its binding, by this
@@ -82,16 +87,9 @@ def configuration(
     if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
         raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
     ns_selector = dict(selector) if selector is not None else namespace_selector()
-    bundle = base64.b64encode(ca_bundle).decode()
 
     def client_config(path: str) -> dict[str, Any]:
-        if url is not None:
-            return {"url": url.rstrip("/") + path, "caBundle": bundle}
-        assert service is not None
-        return {
-            "service": {"namespace": service[0], "name": service[1], "port": service[2], "path": path},
-            "caBundle": bundle,
-        }
+        return _client_config(ca_bundle, url, service, path)
 
     def webhook(hook: Hook) -> dict[str, Any]:
         return {
@@ -120,6 +118,61 @@ def configuration(
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fiar"}},
         "webhooks": [webhook(hook) for hook in HOOKS],
+    }
+
+
+def policy_configuration(
+    ca_bundle: bytes,
+    *,
+    url: str | None = None,
+    service: tuple[str, str, int] | None = None,
+    name: str = NAME,
+    timeout: int = TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """The policy webhook's configuration (validating, fails open, allows every policy): before a
+    policy is stored the operator makes the pod webhooks' conditions cover it, so that pods created
+    right after it (one apply of a policy and its workload) reach them."""
+    if (url is None) == (service is None):
+        raise ValueError("give exactly one of url and service")
+    if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fiar"}},
+        "webhooks": [
+            {
+                "name": POLICY_HOOK,
+                "clientConfig": _client_config(ca_bundle, url, service, POLICY_PATH),
+                "rules": [
+                    {
+                        "apiGroups": [contract.GROUP],
+                        "apiVersions": [contract.VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [contract.PLURAL],
+                        "scope": "Cluster",
+                    }
+                ],
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": POLICY_SIDE_EFFECTS,
+                "failurePolicy": FAILURE_POLICY,
+                "matchPolicy": MATCH_POLICY,
+                "timeoutSeconds": timeout,
+            }
+        ],
+    }
+
+
+def _client_config(
+    ca_bundle: bytes, url: str | None, service: tuple[str, str, int] | None, path: str
+) -> dict[str, Any]:
+    bundle = base64.b64encode(ca_bundle).decode()
+    if url is not None:
+        return {"url": url.rstrip("/") + path, "caBundle": bundle}
+    assert service is not None
+    return {
+        "service": {"namespace": service[0], "name": service[1], "port": service[2], "path": path},
+        "caBundle": bundle,
     }
 
 
@@ -231,11 +284,13 @@ def pod_condition(policies: Iterable[Policy]) -> str:
     policy label, or a container reads fiar's annotations. In that order: CEL stops at the first
     true clause, so a pod a policy selects (the pods the webhook is for) skips the walk over every
     container's env."""
-    clauses = [
-        f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))"
-        for policy in sorted(policies, key=lambda p: p.name)
-    ]
+    clauses = [policy_clause(policy) for policy in sorted(policies, key=lambda p: p.name)]
     return " || ".join([*clauses, LABELLED, READS_FIAR])
+
+
+def policy_clause(policy: Policy) -> str:
+    """The pod condition's clause of one policy: it can select the pod."""
+    return f"(({namespace_cel(policy.namespace_selector)}) && ({pod_selector_cel(policy.pod_selector)}))"
 
 
 def binding_condition(policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> str:

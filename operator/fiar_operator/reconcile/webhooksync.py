@@ -8,6 +8,14 @@ the operator for them, not even when it hangs. It patches only the configuration
 (``--webhook-config``) and only those conditions, and only when they change; the chart's
 admission policy refuses it any other change of that configuration.
 
+A policy is covered before it is stored: the operator's validating webhook on policies
+(``admit``) widens the conditions for it while the API server admits it, so the pods of a policy
+applied together with its workload (one ``kubectl apply -f dir/``) reach the webhooks although the
+leader's watch has not brought the policy yet. The leader narrows them to the policies plus the
+ones admitted in the last ``ADMITTED_FOR`` seconds (a superset is always safe); another replica
+sets the static conditions when the new policy is not covered, and the leader narrows them when
+its watch brings the policy.
+
 Conditions the API server cannot hold (past CEL's cost limit: many or large policies) are never
 left stale: the operator falls back to the static configuration (``webhookconfig.STATIC``, every
 pod the chart's rules send reaches the webhooks), says so once in a Warning event and in the
@@ -17,7 +25,10 @@ the policies change.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +44,13 @@ log = logging.getLogger(__name__)
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 RETRY: Final = 5.0
 """Seconds before a failed patch is tried again (e.g. the configuration is installed after the start)."""
+ADMITTED_FOR: Final = 10.0
+"""Seconds a policy admitted by the policy webhook counts for the conditions whether or not the
+leader's watch holds it yet (on the control plane here the watch brings it within 30-70 ms)."""
+MAX_ADMITTED: Final = 64
+"""Policy admissions that may change the conditions within ``ADMITTED_FOR`` seconds: the webhook port
+is unauthenticated, so forged reviews must not make the operator patch without end or hold clauses
+without bound; past it an admission is allowed and the leader's watch covers the policy as before."""
 
 Conditions = dict[str, list[dict[str, str]]]
 
@@ -65,12 +83,54 @@ class WebhookSync:
         """Set while the static conditions stand in for conditions the API server refused."""
         self.fallbacks: list[Fallback] = []
         """Fallbacks not yet reported (the reconciler takes them for its event)."""
+        self._admitted: dict[str, tuple[float, Policy]] = {}
+        """Policies the policy webhook admitted: name -> (until when they count, the policy)."""
+        self._admissions: collections.deque[float] = collections.deque()
+        """When each admission of the last ``ADMITTED_FOR`` seconds was taken (at most ``MAX_ADMITTED``)."""
+        self._lock = threading.Lock()
+        """One patch at a time: the reconciler's thread and the policy webhook's review threads."""
+        self.clock = time.monotonic
+
+    def admit(
+        self, policy: Policy, policies: Iterable[Policy], managed_namespaces: Iterable[str], leading: bool
+    ) -> str:
+        """A policy is being created or changed (its admission review, before it is stored): make the
+        conditions cover it now. The leader narrows them to ``policies`` and it; another replica sets
+        the static conditions if ``policies`` alone do not cover it. What was done, for the log."""
+        if not self.name:
+            return "no configuration to follow the policies"
+        policies, namespaces = list(policies), list(managed_namespaces)
+        with self._lock:
+            now = self.clock()
+            while self._admissions and self._admissions[0] <= now - ADMITTED_FOR:
+                self._admissions.popleft()
+            if len(self._admissions) >= MAX_ADMITTED:
+                return f"not widened: {MAX_ADMITTED} policies admitted in the last {ADMITTED_FOR:g} s"
+            self._admissions.append(now)
+            self._admitted[policy.name] = (now + ADMITTED_FOR, policy)
+            if leading:
+                return "narrowed" if self._sync(policies, namespaces) else "covered"
+            namespaces = sorted(set(namespaces))
+            before = webhookconfig.match_conditions(policies, namespaces)
+            replaced = [p for p in policies if p.name != policy.name] + [policy]
+            if webhookconfig.match_conditions(replaced, namespaces) == before:
+                return "covered"
+            try:
+                self._patch(static_conditions())
+            except ApiError as exc:
+                log.warning("webhook configuration %s not widened for policy %s: %s", self.name, policy.name, exc)
+                return "not widened"
+            return "widened"
 
     def sync(self, policies: Iterable[Policy], managed_namespaces: Iterable[str]) -> bool:
         """Patch the conditions if they changed since the last patch; whether a patch was sent."""
         if not self.name:
             return False
-        policies = list(policies)
+        with self._lock:
+            return self._sync(list(policies), list(managed_namespaces))
+
+    def _sync(self, policies: list[Policy], managed_namespaces: list[str]) -> bool:
+        policies = self._with_admitted(policies)
         namespaces = sorted(set(managed_namespaces))
         wanted = webhookconfig.match_conditions(policies, namespaces)
         if wanted == self._wanted and self._retry_at is None:
@@ -134,8 +194,21 @@ class WebhookSync:
         return found
 
     def due(self) -> bool:
-        """Whether a failed patch should be tried again now."""
-        return self._retry_at is not None and time.monotonic() >= self._retry_at
+        """Whether a failed patch should be tried again now, or an admitted policy stopped counting."""
+        now = self.clock()
+        return (self._retry_at is not None and now >= self._retry_at) or any(
+            until <= now for until, _ in list(self._admitted.values())
+        )
+
+    def _with_admitted(self, policies: list[Policy]) -> list[Policy]:
+        """``policies`` and the ones admitted lately that they do not hold as admitted (a new policy,
+        or a changed one beside its old version: the union covers both)."""
+        now = self.clock()
+        for name, (until, _) in list(self._admitted.items()):
+            if until <= now:
+                del self._admitted[name]
+        held = [dataclasses.replace(p, generation=0) for p in policies]
+        return policies + [p for _, p in self._admitted.values() if dataclasses.replace(p, generation=0) not in held]
 
     def forget(self) -> None:
         """Patch again at the next ``sync`` (after leadership changed hands)."""

@@ -26,6 +26,7 @@ NAMESPACES: Final = "/api/v1/namespaces"
 PODS: Final = "/api/v1/pods"
 POLICIES: Final = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}"
 MUTATING_CONFIGS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VALIDATING_CONFIGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 CRDS: Final = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 POOL_SIZE: Final = 32
 """Connections kept to the API server: informers, the reconciler's patchers, the webhooks' reads."""

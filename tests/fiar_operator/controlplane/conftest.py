@@ -148,15 +148,23 @@ class Operator:
             return int(exc.code), json.loads(exc.read() or b"null")
 
     # -- webhook configuration -------------------------------------------------------------------
-    def register(self, name: str) -> dict[str, Any]:
+    def register(self, name: str, policy_webhook: bool = False) -> dict[str, Any]:
+        """The pod and binding webhooks; with ``policy_webhook`` the policy webhook too (as the chart
+        installs it: policies are cluster-wide, so it is left out where planes are shared)."""
         selector = webhookconfig.namespace_selector(extra={"matchLabels": {SESSION_LABEL: self.selector_value}})
         config = webhookconfig.configuration(self.ca_bundle, url=self.url, name=name, selector=selector)
         self.kube.apply(kube.MUTATING_CONFIGS, config)
+        if policy_webhook:
+            self.kube.apply(
+                kube.VALIDATING_CONFIGS, webhookconfig.policy_configuration(self.ca_bundle, url=self.url, name=name)
+            )
         return config
 
     def unregister(self, name: str) -> None:
         with contextlib.suppress(ApiError):
             self.kube.delete(kube.MUTATING_CONFIGS, name)
+        with contextlib.suppress(ApiError):
+            self.kube.delete(kube.VALIDATING_CONFIGS, name)
 
     def wait_active(self, namespace: str) -> None:
         """Wait until the API server calls this operator's pod webhook for ``namespace``."""

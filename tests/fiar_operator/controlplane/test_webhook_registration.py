@@ -42,3 +42,12 @@ def test_registered_webhooks_are_the_charts_webhooks(
             k: v for k, v in expected.items() if k != "clientConfig"
         }
         assert got["timeoutSeconds"] == webhookconfig.TIMEOUT_SECONDS == 1
+    policies = running.kube.call("GET", f"{kube.VALIDATING_CONFIGS}/{webhookconfig.NAME}")
+    chart_policies = next(
+        d for d in render(CHART, values, namespace="fiar-system") if d["kind"] == "ValidatingWebhookConfiguration"
+    )
+    (got,) = policies["webhooks"]
+    (expected,) = chart_policies["webhooks"]
+    assert {k: got[k] for k in expected if k != "clientConfig"} == {
+        k: v for k, v in expected.items() if k != "clientConfig"
+    }

@@ -33,7 +33,8 @@ def test_webhook_config_fails_open_with_a_short_binding_timeout(tmp_path: Path) 
         "fiar-system",
     )
     assert out.returncode == 0, out.stderr
-    config = yaml.safe_load(out.stdout)
+    config, policies = yaml.safe_load_all(out.stdout)
+    assert config["kind"] == "MutatingWebhookConfiguration"
     hooks = {h["name"]: h for h in config["webhooks"]}
     assert set(hooks) == {"pods.fiar.io", "binding.fiar.io"}
     for hook in hooks.values():
@@ -48,6 +49,13 @@ def test_webhook_config_fails_open_with_a_short_binding_timeout(tmp_path: Path) 
             "values": ["kube-system", "fiar-system"],
         } in exprs
     assert hooks["binding.fiar.io"]["rules"][0]["resources"] == ["pods/binding"]
+    assert policies["kind"] == "ValidatingWebhookConfiguration"
+    (policy_hook,) = policies["webhooks"]
+    assert policy_hook["name"] == "policies.fiar.io"
+    assert policy_hook["failurePolicy"] == "Ignore" and policy_hook["sideEffects"] == "NoneOnDryRun"
+    assert policy_hook["rules"][0]["resources"] == ["fiallreducepolicies"]
+    assert policy_hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert policy_hook["clientConfig"]["service"]["path"] == "/validate/policies"
     assert hooks["binding.fiar.io"]["timeoutSeconds"] <= 2
     assert hooks["pods.fiar.io"]["reinvocationPolicy"] == "IfNeeded"
     assert hooks["pods.fiar.io"]["clientConfig"]["service"]["path"] == "/mutate/pods"
