@@ -1,15 +1,18 @@
-"""Qualify an engine release for fiar in one command: ``bench/engine_release.py vllm 0.34.0``.
+"""Qualify an engine release for fiar in one command: ``bench/engine_release.py vllm 0.34.0`` (SGLang:
+``bench/engine_release.py sglang 0.5.23``).
 
 1. Downloads the release's wheel (``pip download --no-deps`` into ``~/.cache/fiar/wheels``, override
    ``FIAR_WHEEL_CACHE``; a cached wheel is read without the network).
 2. Lists every file of the wheel that reaches a FlashInfer allreduce workspace or a multicast primitive
-   (``CALLER_WORDS``: the workspace getters, the fused ops that call them, FlashInfer's workspace and
-   multicast buffers, multicast pointers, ``multimem``, the multicast capability probes), and diffs the
+   (``CALLER_WORDS``, per engine: the workspace getters and the modules that build the workspaces, the
+   fused ops that call them, FlashInfer's workspace and multicast buffers, PyTorch symmetric memory,
+   NVSHMEM and NCCL NVLS (SGLang), multicast pointers, ``multimem``, the multicast capability probes), and diffs the
    list with the reviewed list of the newest qualified release (``bench/engine_releases/``, committed).
    A file that is in the release but in no reviewed list fails the command, by name: someone reads it,
    decides which fiar switch reaches it, and commits the release's reviewed list.
 3. Reads the FlashInfer the release pins and diffs ``flashinfer/comm`` with the FlashInfer of the newest
-   qualified release (a pin the registry does not serve is read as its stand-in,
+   qualified release before it (for an engine's oldest reviewed release: the agent's FlashInfer, the
+   ``gpu`` extra of ``pyproject.toml``; a pin the registry does not serve is read as its stand-in,
    ``vllm_fi_ar_check.FLASHINFER_STAND_INS``): the files that differ, and whether the functions fiar's
    verdicts rest on (the workspace creation, the multicast setup, the no-multicast error) are the same
    source.
@@ -22,6 +25,7 @@ Exit 0: qualified (no caller outside the reviewed lists, every check passed); 1:
 2: wrong usage or a release that cannot be fetched.
 
     .venv/bin/python bench/engine_release.py vllm 0.34.0 [--scan-only] [--against 0.33.0] [--out DIR]
+    .venv/bin/python bench/engine_release.py sglang 0.5.23 [--scan-only] [--against 0.5.20]
 """
 
 from __future__ import annotations
@@ -38,38 +42,44 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import vllm_fi_ar_check
+
 HERE = Path(__file__).resolve().parent
 REVIEWED = HERE / "engine_releases"
 WHEELS = Path(os.environ.get("FIAR_WHEEL_CACHE", Path.home() / ".cache" / "fiar" / "wheels"))
+MULTICAST_WORDS = (
+    "multicast_ptr",
+    "multimem",
+    "cuMulticast",
+    "has_multicast_support",
+    "is_multicast_supported",
+    "allreduce_fusion(",
+)
+"""Multicast pointers, ``multimem`` PTX, the CUDA multicast driver calls, the capability probes, and
+FlashInfer's fused allreduce call."""
 CALLER_WORDS: dict[str, tuple[str, ...]] = {
-    "vllm": (
-        "get_fi_ar_workspace(",
-        "get_fi_ar_quant_workspace(",
-        "_can_use_flashinfer(",
-        "fused_allreduce_rms_norm(",
-        "fused_allreduce_gemma_rms_norm(",
-        "FlashInferAllReduce(",
-        "McastGPUBuffer",
-        "create_allreduce_fusion_workspace",
-        "mnnvl_cutedsl",
-        "multicast_ptr",
-        "multimem",
-        "cuMulticast",
-        "has_multicast_support",
-        "is_multicast_supported",
-        "allreduce_fusion(",
-    ),
+    # The workspace check's callers (the getters, the fused ops, FlashInfer's multicast buffers), and multicast.
+    "vllm": vllm_fi_ar_check.CALLER_WORDS + MULTICAST_WORDS,
     "sglang": (
+        # FlashInfer's allreduce fusion workspaces (trtllm, mnnvl, cutedsl) and the modules that build them
         "create_allreduce_fusion_workspace",
-        "flashinfer_allreduce",
+        "trtllm_create_ipc_workspace",
+        "flashinfer_comm_fusion",
+        "flashinfer_mnnvl_cutedsl",
+        "flashinfer.comm.mnnvl",
         "McastGPUBuffer",
-        "mnnvl",
-        "multicast_ptr",
-        "multimem",
-        "cuMulticast",
-        "has_multicast_support",
-        "is_multicast_supported",
-        "allreduce_fusion(",
+        "SymmDeviceMemory",
+        # PyTorch symmetric memory (multicast unless TORCH_SYMM_MEM_DISABLE_MULTICAST), NVSHMEM, NCCL NVLS
+        "torch.distributed._symmetric_memory",
+        "TORCH_SYMM_MEM_DISABLE",
+        "NVSHMEM",
+        "nvshmem",
+        "NCCL_NVLS",
+        "ncclCommWindowRegister",
+        # multicast pointers handed to SGLang's own kernels, and the capability attribute
+        "mc_ptr",
+        "MULTICAST_SUPPORTED",
+        *MULTICAST_WORDS,
     ),
 }
 """Words whose presence in a file of the engine means it reaches a FlashInfer allreduce workspace or a
@@ -183,10 +193,15 @@ def comm_diff(old: Path, new: Path) -> dict[str, Any]:
 
 
 def stand_in(version: str) -> str:
-    sys.path.insert(0, str(HERE))
-    import vllm_fi_ar_check
-
     return vllm_fi_ar_check.FLASHINFER_STAND_INS.get(version, version)
+
+
+def agent_flashinfer() -> str | None:
+    """The FlashInfer the agent's smoke tests run (``pyproject.toml``, the ``gpu`` extra): what the
+    oldest reviewed release of an engine is compared with."""
+    text = (HERE.parent / "pyproject.toml").read_text()
+    found = re.search(r'"flashinfer-python==([\w.]+)"', text)
+    return found.group(1) if found else None
 
 
 def off_by_failing_mnnvl(doc: dict[str, Any]) -> list[str]:
@@ -233,20 +248,24 @@ def qualify(engine: str, version: str, against: str | None, scan_only: bool, off
     report: dict[str, Any] = {"engine": engine, "version": version, "against": base, "callers": found, "new": new}
     fi = pin(path)
     report["flashinfer_pin"] = fi
-    if fi is not None and older:
-        prior = pin(wheel(engine, older[-1], offline)) if older[-1] != version else None
+    if fi is not None:
+        if older:
+            prior, whose = pin(wheel(engine, older[-1], offline)), f"{engine} {older[-1]}'s pin"
+        else:
+            prior, whose = agent_flashinfer(), "the agent's, pyproject.toml"
         if prior is not None:
             try:
                 old = wheel("flashinfer-python", stand_in(prior), offline)
                 diff = comm_diff(old, wheel("flashinfer-python", stand_in(fi), offline))
             except FileNotFoundError as exc:
                 diff = {"error": str(exc)}
-            report["flashinfer_comm"] = {"from": stand_in(prior), "to": stand_in(fi), **diff}
+            report["flashinfer_comm"] = {"from": stand_in(prior), "whose": whose, "to": stand_in(fi), **diff}
             same = diff.get("same_functions", {})
             print(
-                f"  FlashInfer pin {fi} (read as {stand_in(fi)}); flashinfer/comm against {stand_in(prior)}: "
-                f"{len(diff.get('changed', []))} files changed, {len(diff.get('added', []))} added; "
-                f"fiar's functions the same: {all(same.values()) if same else 'unknown'} {diff.get('error', '')}"
+                f"  FlashInfer pin {fi} (read as {stand_in(fi)}); flashinfer/comm against {stand_in(prior)} "
+                f"({whose}): {len(diff.get('changed', []))} files changed, {len(diff.get('added', []))} added; "
+                f"fiar's functions the same: {all(same.values()) if same else 'unknown'} "
+                f"(digest {diff.get('functions_sha256', '-')}) {diff.get('error', '')}"
             )
             for what, equal in same.items():
                 print(f"    {'same' if equal else 'DIFFERS'}: {what}")
@@ -265,6 +284,11 @@ def qualify(engine: str, version: str, against: str | None, scan_only: bool, off
             if code != 0:
                 print(text[-2000:])
                 failed = True
+        cases = out / f"sglang_check-{version}.json"
+        if engine == "sglang" and cases.exists():
+            rows = json.loads(cases.read_text())["versions"][version]["rows"]
+            report["sglang_check_cases"] = {"expected": sum(bool(r["ok"]) for r in rows), "all": len(rows)}
+            print(f"    {report['sglang_check_cases']['expected']}/{len(rows)} cases as expected")
         workspace = out / f"vllm_fi_ar_check-{version}.json"
         if engine == "vllm" and workspace.exists():
             doc = json.loads(workspace.read_text())["versions"][version]

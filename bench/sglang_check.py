@@ -23,7 +23,8 @@ Controls show what fiar avoids: a backend set on the command line turns the fusi
 SGLang leaves it off for, and an annotation that went missing (``--`` alone) is refused by SGLang.
 
 The venvs live outside the repository (``~/.cache/fiar/sglang-check``, override with
-``FIAR_SGLANG_CHECK_DIR``): each has only its SGLang wheel (``--no-deps``) plus ``ipython`` and ``gguf``
+``FIAR_SGLANG_CHECK_DIR``; the wheels in ``~/.cache/fiar/wheels``, shared with ``bench/engine_release.py``):
+each has only its SGLang wheel (``--no-deps``) plus ``ipython`` and ``gguf``
 (imported while parsing) and reads torch, transformers and the rest from the base venv of
 ``bench/vllm_parser_check.py`` through a ``.pth`` file (made there when missing). Needs PyPI.
 
@@ -359,7 +360,7 @@ def prepare(version: str) -> Path:
     venv = CACHE / f"sglang-{version}"
     if not (venv / ".ready").exists():
         _run([sys.executable, "-m", "venv", str(venv)])
-        wheels = CACHE / "wheels"
+        wheels = vllm_parser_check.WHEELS  # shared with bench/engine_release.py
         wheel = next(wheels.glob(f"sglang-{version}-*.whl"), None)
         if wheel is None:
             _run([str(venv / "bin" / "pip"), "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(wheels)])
