@@ -22,8 +22,20 @@ this script
    As a control, fiar's decision *without* the option table (``options.NO_OPTIONS``) is run the same way:
    the rows where it breaks are the ones the table exists for.
 
+3. for DeepSeek V4.1's ``latency_specialized`` decode, which is *not* a row (no value fiar writes breaks
+   it where the node could run it: docs/vllm-flashinfer-paths.md), the release's own
+   ``vllm.models.deepseek_v41.nvidia.specialized_decode.specialized_decode_config`` (the collective check
+   whose ``ValueError`` refuses the option at model construction) on a deployment that meets every other
+   requirement, with the parsed TP and ``additional_config``, under fiar's decision's variables (backend,
+   ``VLLM_ALLREDUCE_USE_FLASHINFER`` and the multicast guard) and under the container's own (none of
+   them set): fiar's values break it where they refuse it and the container's own do not.
+
 Stand-ins: none for Muse Spark's check (it reads the config and the environment only); ``_node_count``
-for the multi-pod shape. The venvs are ``bench/vllm_parser_check.py``'s (``~/.cache/fiar/vllm-check``).
+for the multi-pod shape; for DeepSeek V4.1 a GB300 platform (SM103, DeepGEMM), the model's shape
+(hidden size 5120, ``hc_mult`` 4), and the custom allreduce's ``mnnvl_lamport_ag_multicast_ptr`` as
+torch 2.14's rendezvous leaves it (``custom_all_reduce.py`` ``_init_mnnvl_buffer``): 0 under
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` or on a node whose mnnvl workspace was not created (no multicast,
+a failed bind), an address elsewhere. The venvs are ``bench/vllm_parser_check.py``'s (``~/.cache/fiar/vllm-check``).
 
     .venv/bin/python bench/vllm_option_check.py [--versions 0.33.0,0.34.0] [--out FILE]
 """
@@ -53,6 +65,12 @@ SPELLINGS: dict[str, dict[str, list[str]]] = {
         "equals tp16": [f"--additional-config={MUSE}", "--tensor-parallel-size=16"],
         "dotted tp8": ["--additional-config.decode_backend=latency_specialized", "-tp", "8"],
         "json tp4": ["--additional-config", MUSE, "-tp", "4"],
+    },
+    "deepseek-v41-latency-specialized": {
+        "json tp4": ["--additional-config", MUSE, "-tp", "4"],
+        "equals tp4": [f"--additional-config={MUSE}", "--tensor-parallel-size=4"],
+        "dotted tp4": ["--additional_config.decode_backend", "latency_specialized", "-tp=4"],
+        "json tp8": ["--additional-config", MUSE, "-tp", "8"],
     },
     "hisparse-mnnvl": {
         "-ac json": ["-ac", '{"hisparse_config":{}}'],
@@ -94,14 +112,21 @@ NODES: dict[str, dict[str, str]] = {
     "none, no-multicast": {B: "none", MN: "fail", T: "pass", W: "no-multicast"},
     "none": {B: "none", MN: "fail", T: "fail"},
 }
-SHAPES = ("single", "multi-pod")
-POLICY = {"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, "imexChannel": "Provided"}}
+GUARD_TORCH = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+NOT_A_ROW = "deepseek-v41-latency-specialized"
+"""The option checked here that is no row of ``options.BREAKS``: its decision is fiar's whole one."""
+TRTLLM_ONLY = "single, backends [trtllm]"
+"""A policy that allows only trtllm: on a node that verifies mnnvl alone the fusion is off
+(``VLLM_ALLREDUCE_USE_FLASHINFER=0``) while the node's multicast is verified (the guard off)."""
+SHAPES_OF = {"hisparse-mnnvl": ("single", "multi-pod"), NOT_A_ROW: ("single", TRTLLM_ONLY)}
+"""The shapes each row is checked in (others: single)."""
+POLICY: dict[str, Any] = {"metadata": {"name": "vllm"}, "spec": {"podSelector": {}, "imexChannel": "Provided"}}
 
 
 def _decision_env(row: str, tokens: list[str], node: str, shape: str, release: str, table: bool) -> dict[str, str]:
-    policy = parse_policy(
-        {**POLICY, "spec": {**POLICY["spec"], **({"multiNode": "Always"} if shape == "multi-pod" else {})}}
-    )
+    extras: dict[str, dict[str, Any]] = {"multi-pod": {"multiNode": "Always"}, TRTLLM_ONLY: {"backends": ["trtllm"]}}
+    extra = extras.get(shape, {})
+    policy = parse_policy({**POLICY, "spec": {**POLICY["spec"], **extra}})
     group = GroupPlan(multi=True, key="g", pinned=True, constraint=node_constraint({}), imex=True)
     read = options.read_vllm(tokens) if table else options.NO_OPTIONS
     d = decide(
@@ -117,6 +142,7 @@ def _decision_env(row: str, tokens: list[str], node: str, shape: str, release: s
     return {
         contract.ENV_VAR: a[contract.ANNOTATION_POD_BACKEND],
         contract.ENV_ALLREDUCE_USE_FLASHINFER: a[contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER],
+        **{g.env: a[g.annotation] for g in contract.MULTICAST_GUARD},
         "not_applied": json.dumps(list(d.not_applied)),
     }
 
@@ -141,6 +167,13 @@ try:
     from vllm.models.muse_spark.nvidia.specialized_decode.runtime import flashinfer_ops
 except ImportError as exc:
     flashinfer_ops = None
+try:
+    from vllm.models.deepseek_v41.nvidia import specialized_decode as dsv41
+    from vllm.models.deepseek_v41.nvidia.ops import mhc as dsv41_mhc
+except ImportError:
+    dsv41 = dsv41_mhc = None
+from vllm.config import CompilationMode, CUDAGraphMode
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 import vllm.envs as envs
 import torch
 
@@ -166,6 +199,59 @@ def stand_in(answer):
             raise RuntimeError("[SymmDeviceMemory] Device does not support multicasting.")
         raise RuntimeError("CUDA error code=802(b'CUDA_ERROR_SYSTEM_NOT_READY')")
     return create_allreduce_fusion_workspace
+
+
+class GB300:
+    # The platform the DeepSeek V4.1 specialized decode needs: SM103, in the SM10x family.
+
+    def is_device_capability(self, capability):
+        return capability == 103
+
+    def is_device_capability_family(self, family):
+        return family == 100
+
+
+def gb300_tp_group(node_answer):
+    # The TP group as supports_mhc_all_reduce reads it: the custom allreduce's multicast pointer is
+    # what torch's rendezvous gave _init_mnnvl_buffer (0 under the guard: torch 2.14 reads
+    # TORCH_SYMM_MEM_DISABLE_MULTICAST at every rendezvous; 0 where the node's multicast does not work).
+    guarded = os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1"
+    ptr = 0 if guarded or node_answer != "created" else 0x7F0000000000
+    ca_comm = SimpleNamespace(mnnvl_lamport_ag_multicast_ptr=ptr, disabled=False)
+    return SimpleNamespace(device_communicator=SimpleNamespace(ca_comm=ca_comm))
+
+
+def dsv41_config(engine):
+    # A DeepSeek V4.1 deployment that meets every requirement of the specialized decode but the ones
+    # the parsed command (TP, additional_config) and the environment decide.
+    return SimpleNamespace(
+        additional_config=engine.additional_config,
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=engine.tensor_parallel_size, pipeline_parallel_size=1, data_parallel_size=1,
+            enable_expert_parallel=False, decode_context_parallel_size=1, prefill_context_parallel_size=1,
+            use_ubatching=False,
+        ),
+        attention_config=SimpleNamespace(
+            backend=AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV41, indexer_kv_dtype="mxfp4",
+            indexer_sparse_logits=True,
+        ),
+        speculative_config=SimpleNamespace(method="dspark", enable_adaptive_verification=False),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, mode=CompilationMode.NONE),
+        cache_config=SimpleNamespace(cache_dtype="fp8"),
+        model_config=SimpleNamespace(enable_sleep_mode=False, hf_config=SimpleNamespace(hidden_size=5120, hc_mult=4)),
+        use_v2_model_runner=True,
+        weight_transfer_config=None,
+        lora_config=None,
+        kv_transfer_config=None,
+        kernel_config=SimpleNamespace(enable_flashinfer_autotune=None, enable_jit_warmup=False),
+    )
+
+
+if dsv41 is not None:
+    dsv41.current_platform = dsv41_mhc.current_platform = GB300()
+    dsv41_mhc.is_deep_gemm_supported = lambda: True
+ENV_KEYS = ("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "VLLM_ALLREDUCE_USE_FLASHINFER",
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 
 
 def reset():
@@ -199,12 +285,27 @@ for case in cases:
         "tp": engine.tensor_parallel_size,
         "hisparse": attention.hisparse_config is not None or (kv is not None and kv.has_connector("HiSparseConnector")),
     }
-    for which in ("fiar", "control"):
+    for which in ("fiar", "control", "own"):
+        if which not in case:
+            continue
         env = case[which]
-        for key in ("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "VLLM_ALLREDUCE_USE_FLASHINFER"):
-            os.environ[key] = env[key]
+        for key in ENV_KEYS:
+            if key in env:
+                os.environ[key] = env[key]
+            else:
+                os.environ.pop(key, None)
         got = {}
-        if case["row"].startswith("muse") and flashinfer_ops is not None:
+        if case["row"].startswith("deepseek") and dsv41 is None:
+            got = {"refuses": None, "decode": "n/a: no DeepSeek V4.1 specialized decode in this release"}
+        elif case["row"].startswith("deepseek"):
+            dsv41_mhc.get_tp_group = lambda: gb300_tp_group(case["mnnvl"])
+            try:
+                decoded = dsv41.specialized_decode_config(dsv41_config(engine))
+                got["refuses"] = None
+                got["decode"] = "specialized" if decoded is not None else "stock"
+            except ValueError as exc:
+                got["refuses"] = f"ValueError: {exc}"
+        elif case["row"].startswith("muse") and flashinfer_ops is not None:
             cfg = SimpleNamespace(attention_config=attention,
                                   parallel_config=SimpleNamespace(tensor_parallel_size=engine.tensor_parallel_size))
             got["unsupported"] = flashinfer_ops.unsupported(cfg)
@@ -242,9 +343,7 @@ def cases(release: str) -> list[dict[str, Any]]:
     for row, spellings in SPELLINGS.items():
         for spelling, tokens in spellings.items():
             for node in NODES:
-                for shape in SHAPES:
-                    if row.startswith("muse") and shape == "multi-pod":
-                        continue
+                for shape in SHAPES_OF.get(row, ("single",)):
                     fiar = _decision_env(row, tokens, node, shape, release, True)
                     control = _decision_env(row, tokens, node, shape, release, False)
                     found.append(
@@ -256,6 +355,7 @@ def cases(release: str) -> list[dict[str, Any]]:
                             "tokens": tokens,
                             "fiar": fiar,
                             "control": control,
+                            **({"own": {}} if row == NOT_A_ROW else {}),
                             "fiar_read": _read(tokens),
                         }
                     )
@@ -274,12 +374,22 @@ def _read(tokens: list[str]) -> dict[str, Any]:
 
 def breaks(result: dict[str, Any], which: str) -> str | None:
     got = result[which]
+    if "refuses" in got:
+        # fiar's values break the option where they refuse it and the container's own do not.
+        return str(got["refuses"]) if got["refuses"] and not result["own"]["refuses"] else None
     if "unsupported" in got:
         reason = got["unsupported"]
         return None if reason is None or str(reason).startswith("n/a") else f"ValueError: ... does not support {reason}"
     if str(got["workspace"]).startswith("raises"):
-        return got["workspace"]
+        return str(got["workspace"])
     return "mnnvl workspace (crashes with HiSparse, vLLM #64327)" if got["workspace"] == "mnnvl" else None
+
+
+def _outcome(got: dict[str, Any]) -> Any:
+    """What the release's check gave: the workspace, Muse Spark's reason, or DeepSeek V4.1's refusal or decode."""
+    if "refuses" in got:
+        return got["refuses"] or got["decode"]
+    return got.get("workspace", got.get("unsupported"))
 
 
 def main() -> int:
@@ -299,13 +409,15 @@ def main() -> int:
         for case, result in zip(found, doc["results"], strict=True):
             agrees = case["fiar_read"] == result["parsed"]
             fiar_breaks, control_breaks = breaks(result, "fiar"), breaks(result, "control")
-            ok = agrees and fiar_breaks is None
+            ok = agrees and fiar_breaks is None and result["fiar"].get("decode") != "stock"
             failed += not ok
-            what = result["fiar"].get("workspace", result["fiar"].get("unsupported"))
+            what = _outcome(result["fiar"])
+            own = f" | container's own: {_outcome(result['own'])}" if "own" in result else ""
             print(
                 f"  {'ok ' if ok else 'BAD'} {case['key']:70} fiar: {case['fiar'][contract.ENV_VAR]:6} "
-                f"use={case['fiar'][contract.ENV_ALLREDUCE_USE_FLASHINFER]} -> {what!s:8} "
-                f"| without the table: {control_breaks or 'runs'}{'' if agrees else ' | READ DIFFERS'}"
+                f"use={case['fiar'][contract.ENV_ALLREDUCE_USE_FLASHINFER]} "
+                f"guard={1 if case['fiar'][GUARD_TORCH] == '1' else 0} -> {what!s:8} "
+                f"| without the table: {control_breaks or 'runs'}{'' if agrees else ' | READ DIFFERS'}{own}"
             )
             result.update(case=case, fiar_breaks=fiar_breaks, control_breaks=control_breaks, read_agrees=agrees)
         report[version] = doc

@@ -19,6 +19,10 @@ docs/vllm-flashinfer-paths.md has the results):
   that backend is verified (``trtllm`` on a node that verifies it), else the fusion off with ``auto``
   (across nodes: vLLM's guard then runs no FlashInfer allreduce at all).
 
+DeepSeek V4.1's specialized decode (the same ``decode_backend``, 0.33+) is no row: its check reads no fusion
+or backend variable, only NVLink multicast, which the multicast guard keeps off where the node does not
+verify it (docs/vllm-flashinfer-paths.md, "Not a row").
+
 Options are read from the vLLM arguments of the container's command in every form fiar reads for
 ``-cc``: a JSON value (``--additional-config '{...}'``, ``--additional-config={...}``), dotted keys
 (``--additional-config.decode_backend=latency_specialized``, or its value as the next argument), ``_``

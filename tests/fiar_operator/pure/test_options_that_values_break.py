@@ -205,6 +205,26 @@ def test_muse_spark_at_tp4_keeps_trtllm() -> None:
     assert (d.backend, d.not_applied) == ("trtllm", ())
 
 
+def test_deepseek_v41_latency_specialized_gets_fiars_whole_decision_its_check_reads_only_multicast() -> None:
+    """Its check reads neither fusion nor backend variable (bench/vllm_option_check.py): on 0.33, where the
+    Muse Spark row does not apply, its pod gets the fusion off and the guard exactly as any pod."""
+    c = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.33.0",
+        "command": ["vllm", "serve", "deepseek-ai/DeepSeek-V4.1", "--additional-config", MUSE, "-tp", "4"],
+    }
+    torch_guard = next(g.annotation for g in contract.MULTICAST_GUARD if g.env == "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+    for node, chosen, use_flashinfer, guard in (
+        ("none", policy(), "0", "1"),
+        ("mnnvl", policy(), "1", "0"),
+        ("mnnvl-trtllm-failed", policy(backends=["trtllm"]), "0", "0"),  # multicast works, the fusion off
+    ):
+        d = decided(pod(c), node, "single", chosen)
+        a = d.annotations()
+        assert (a[contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER], a[torch_guard]) == (use_flashinfer, guard)
+        assert d.not_applied == () and not d.standalone_kept
+
+
 def test_the_rows_apply_from_the_release_that_has_the_check() -> None:
     muse = container("vllm-serve", SPELLINGS["muse-spark-latency-specialized"]["json"], "0.33.0")
     assert decided(pod(muse), "none", "single").not_applied == ()
