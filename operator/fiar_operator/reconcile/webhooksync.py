@@ -47,6 +47,12 @@ RETRY: Final = 5.0
 ADMITTED_FOR: Final = 10.0
 """Seconds a policy admitted by the policy webhook counts for the conditions whether or not the
 leader's watch holds it yet (on the control plane here the watch brings it within 30-70 ms)."""
+PATCH_TIMEOUT: Final = 10.0
+"""Seconds the reconciler's patch of the conditions may take."""
+ADMIT_TIMEOUT: Final = 1.0
+"""Seconds the policy webhook's patch may take: it holds a review thread, and the API server waits for
+the answer at most the webhook's timeout (1-2 s); past it the policy is allowed, and the leader's
+watch covers it as before."""
 MAX_ADMITTED: Final = 64
 """Policy admissions that may change the conditions within ``ADMITTED_FOR`` seconds: the webhook port
 is unauthenticated, so forged reviews must not make the operator patch without end or hold clauses
@@ -109,14 +115,14 @@ class WebhookSync:
             self._admissions.append(now)
             self._admitted[policy.name] = (now + ADMITTED_FOR, policy)
             if leading:
-                return "narrowed" if self._sync(policies, namespaces) else "covered"
+                return "narrowed" if self._sync(policies, namespaces, ADMIT_TIMEOUT) else "covered"
             namespaces = sorted(set(namespaces))
             before = webhookconfig.match_conditions(policies, namespaces)
             replaced = [p for p in policies if p.name != policy.name] + [policy]
             if webhookconfig.match_conditions(replaced, namespaces) == before:
                 return "covered"
             try:
-                self._patch(static_conditions())
+                self._patch(static_conditions(), ADMIT_TIMEOUT)
             except ApiError as exc:
                 log.warning("webhook configuration %s not widened for policy %s: %s", self.name, policy.name, exc)
                 return "not widened"
@@ -129,7 +135,7 @@ class WebhookSync:
         with self._lock:
             return self._sync(list(policies), list(managed_namespaces))
 
-    def _sync(self, policies: list[Policy], managed_namespaces: list[str]) -> bool:
+    def _sync(self, policies: list[Policy], managed_namespaces: list[str], timeout: float = PATCH_TIMEOUT) -> bool:
         policies = self._with_admitted(policies)
         namespaces = sorted(set(managed_namespaces))
         wanted = webhookconfig.match_conditions(policies, namespaces)
@@ -138,12 +144,12 @@ class WebhookSync:
         longest = max(len(c["expression"]) for conditions in wanted.values() for c in conditions)
         if longest > webhookconfig.MAX_CONDITION_CHARS:
             return self._fall_back(
-                wanted, f"a condition of {longest} characters (more than {webhookconfig.MAX_CONDITION_CHARS})"
+                wanted, f"a condition of {longest} characters (more than {webhookconfig.MAX_CONDITION_CHARS})", timeout
             )
         try:
-            self._patch(wanted)
+            self._patch(wanted, timeout)
         except Invalid as exc:
-            return self._fall_back(wanted, f"the API server refused the conditions: {str(exc)[:300]}")
+            return self._fall_back(wanted, f"the API server refused the conditions: {str(exc)[:300]}", timeout)
         except ApiError as exc:
             self._failed(exc)
             return False
@@ -156,10 +162,10 @@ class WebhookSync:
         log.info("webhook configuration %s follows %d policies", self.name, len(policies))
         return True
 
-    def _patch(self, conditions: Conditions) -> None:
+    def _patch(self, conditions: Conditions, timeout: float) -> None:
         body = {"webhooks": [{"name": hook, "matchConditions": c} for hook, c in conditions.items()]}
         self.kube.call(
-            "PATCH", f"{MUTATING_CONFIGS}/{self.name}", body=body, content_type=STRATEGIC_MERGE, timeout=10.0
+            "PATCH", f"{MUTATING_CONFIGS}/{self.name}", body=body, content_type=STRATEGIC_MERGE, timeout=timeout
         )
 
     def _failed(self, exc: ApiError) -> None:
@@ -167,13 +173,13 @@ class WebhookSync:
             log.warning("webhook configuration %s not narrowed to the policies: %s", self.name, exc)
         self._retry_at = time.monotonic() + RETRY
 
-    def _fall_back(self, wanted: Conditions, reason: str) -> bool:
+    def _fall_back(self, wanted: Conditions, reason: str, timeout: float = PATCH_TIMEOUT) -> bool:
         """Set the static conditions in place of ``wanted``; whether a patch was sent."""
         self._wanted = wanted
         static = static_conditions()
         if self._applied != static:
             try:
-                self._patch(static)
+                self._patch(static, timeout)
             except ApiError as exc:
                 self._failed(exc)
                 self._wanted = None  # try the whole sync again
