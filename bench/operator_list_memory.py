@@ -9,26 +9,30 @@ tolerations, status), about 7 KB of JSON each. Two ways of listing are compared,
                 the listing was streamed)
     stream      the index is built from each page as it arrives (``Kube.list`` returns a ``Listing``)
 
-For each, the process's peak RSS (without tracemalloc) and the Python heap's peak and final size
-(tracemalloc, a separate run) are reported, net of the process before listing.
+For each, the process's peak RSS and its RSS once listed (without tracemalloc) and the Python
+heap's peak and final size (tracemalloc, a separate run) are reported, net of the process before
+listing; the stream mode at each page size of ``--page``. ``--source TREE`` measures the operator
+source of another tree (put first on PYTHONPATH) beside this one.
 
-    .venv/bin/python bench/operator_list_memory.py [--pods 2000 5000 20000]
+    .venv/bin/python bench/operator_list_memory.py [--pods 2000 5000 20000] [--page 500 100] [--source TREE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.state import kube
+from fiar_operator.state import kinds, kube
 from fiar_operator.state.store import Store
 
 PAGE = 500
@@ -158,16 +162,18 @@ def accumulate(api: FakeApi, store: Store) -> None:
         token = (doc.get("metadata") or {}).get("continue") or None
         if not token:
             break
-    store.replace_all("pods", items)
+    store.replace_all(kinds.PODS, items)
 
 
-def stream(api: FakeApi, store: Store) -> None:
-    store.replace_all("pods", api.list(kube.PODS, page=PAGE))
-
-
-def child(mode: str, pods: int, traced: bool) -> dict[str, float]:
+def child(mode: str, pods: int, page: int, traced: bool) -> dict[str, float]:
     api, store = FakeApi(pods), Store()
-    run = accumulate if mode == "accumulate" else stream
+
+    def run(api: FakeApi, store: Store) -> None:
+        if mode == "accumulate":
+            accumulate(api, store)
+        else:
+            store.replace_all(kinds.PODS, api.list(kube.PODS, page=page))
+
     if traced:
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
@@ -180,23 +186,42 @@ def child(mode: str, pods: int, traced: bool) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     run(api, store)
     assert len(store.pods) == pods
-    return {"rss_before": before * 1024.0, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0}
+    return {
+        "rss_before": before * 1024.0,
+        "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
+        "rss_end": rss(),
+    }
 
 
-def measure(mode: str, pods: int, traced: bool) -> dict[str, float]:
-    argv = [sys.executable, __file__, "--child", mode, "--pods", str(pods)] + (["--traced"] if traced else [])
-    result: dict[str, float] = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+def rss() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024.0
+    return 0.0
+
+
+def measure(mode: str, pods: int, page: int, traced: bool, source: Path | None) -> dict[str, float]:
+    argv = [sys.executable, __file__, "--child", mode, "--pods", str(pods), "--page", str(page)]
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "operator"), str(source), env.get("PYTHONPATH", "")])
+    argv += ["--traced"] if traced else []
+    done = subprocess.run(argv, check=True, capture_output=True, text=True, env=env)
+    result: dict[str, float] = json.loads(done.stdout)
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, nargs="+", default=[2000, 5000, 20000])
+    parser.add_argument("--page", type=int, nargs="+", default=[PAGE], help="objects per page of the stream mode")
+    parser.add_argument("--accumulate", action="store_true", help="also the list kept whole (before streaming)")
+    parser.add_argument("--source", type=Path, help="the operator source of another tree, measured beside this one")
     parser.add_argument("--child", choices=["accumulate", "stream"], help=argparse.SUPPRESS)
     parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.pods[0], args.traced)))
+        print(json.dumps(child(args.child, args.pods[0], args.page[0], args.traced)))
         return
 
     size = len(json.dumps(synthetic_pod(0)))
@@ -207,16 +232,21 @@ def main() -> None:
     del decoded
     mib = 1024.0 * 1024.0
     print(f"synthetic pod: {size / 1024:.1f} KB of JSON, {heap / 1024:.1f} KB of Python heap decoded; "
-          f"pages of {PAGE}; {platform.python_implementation()} {platform.python_version()}, {platform.machine()}")
-    print(f"{'pods':>6} {'mode':>10} {'peak RSS MiB':>13} {'RSS growth MiB':>15} {'heap peak MiB':>14} "
-          f"{'heap kept MiB':>14} {'list s':>7}")
+          f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}")
+    print(f"{'tree':>6} {'pods':>6} {'mode':>10} {'page':>5} {'peak RSS MiB':>13} {'RSS growth MiB':>15} "
+          f"{'RSS kept MiB':>13} {'heap peak MiB':>14} {'heap kept MiB':>14} {'kept B/pod':>11} {'list s':>7}")
+    trees: list[tuple[str, Path | None]] = [("this", None)] + ([("source", args.source)] if args.source else [])
+    modes = [("accumulate", PAGE)] if args.accumulate else []
+    modes += [("stream", page) for page in args.page]
     for pods in args.pods:
-        for mode in ("accumulate", "stream"):
-            rss, heap_stats = measure(mode, pods, False), measure(mode, pods, True)
-            growth = (rss["rss_peak"] - rss["rss_before"]) / mib
-            print(f"{pods:6d} {mode:>10} {rss['rss_peak'] / mib:13.0f} {growth:15.0f} "
-                  f"{heap_stats['heap_peak'] / mib:14.1f} {heap_stats['heap_kept'] / mib:14.1f} "
-                  f"{heap_stats['seconds']:7.2f}")
+        for mode, page in modes:
+            for tree, source in trees:
+                rss, heap_stats = measure(mode, pods, page, False, source), measure(mode, pods, page, True, source)
+                growth = (rss["rss_peak"] - rss["rss_before"]) / mib
+                kept = (rss["rss_end"] - rss["rss_before"]) / mib
+                print(f"{tree:>6} {pods:6d} {mode:>10} {page:5d} {rss['rss_peak'] / mib:13.0f} {growth:15.0f} "
+                      f"{kept:13.0f} {heap_stats['heap_peak'] / mib:14.1f} {heap_stats['heap_kept'] / mib:14.1f} "
+                      f"{heap_stats['heap_kept'] / pods:11.0f} {heap_stats['seconds']:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

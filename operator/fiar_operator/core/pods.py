@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from types import MappingProxyType
@@ -11,12 +11,12 @@ from typing import Any, Final, TypeVar
 import fiar_contract as contract
 from fiar_operator.core import options as engine_options
 from fiar_operator.core.commands import plan_command, vllm_options
-from fiar_operator.core.decide import GroupPlan, parse_decision
+from fiar_operator.core.decide import MAX_DECISION_LENGTH, GroupPlan, parse_decision
 from fiar_operator.core.nodefacts import MULTI_NODE_BACKEND
 from fiar_operator.core.policy import LWS_SIZE, Policy
 from fiar_operator.core.releases import image_release
 from fiar_operator.core.selectors import ANYWHERE, NodeConstraint, node_constraint
-from fiar_operator.core.strings import SHARED, shared_strings
+from fiar_operator.core.strings import SHARED, Kept
 
 GENERATED_SUFFIX: Final = 5
 """Characters the API server appends to ``generateName`` (names.SimpleNameGenerator)."""
@@ -40,6 +40,66 @@ def _nothing() -> Mapping[str, str]:
     return NOTHING
 
 
+MAPS: Final[Kept[tuple[tuple[str, str], ...], Mapping[str, str]]] = Kept(1 << 14, 4 * 1024 * 1024)
+"""One map per distinct content, for the maps records hold (labels, starts, reasons): a
+Deployment's pods hold one map of labels."""
+PARTS: Final[Kept[Hashable, Any]] = Kept(1 << 14, 4 * 1024 * 1024)
+"""One copy per distinct value, for what a record reads from the spec and its annotations (the
+pods of one template hold one tuple of containers, one set of the annotations they read, ...)."""
+DECISIONS: Final[Kept[str, Mapping[str, Any] | None]] = Kept(1 << 12, 1024 * 1024)
+"""The parsed ``fiar.io/decision`` of each distinct text (the pods on one node, decided alike,
+hold one), sized by its text."""
+
+
+def _size(value: object) -> int:
+    """Rough bytes of a part a record holds (a string, a tuple or set of them, a node constraint)."""
+    if isinstance(value, str):
+        return 50 + len(value)
+    if isinstance(value, tuple | frozenset):
+        return 64 + sum(_size(item) for item in value)
+    if isinstance(value, NodeConstraint):
+        return 64 + _size(value.node_selector) + sum(_size(r.key) + _size(r.values) for t in value.terms for r in t)
+    return 32
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _part(value: T) -> T:
+    """The copy of ``value`` (immutable and hashable) that other records hold, if any."""
+    kept: T = PARTS(value, _same, _size(value))
+    return kept
+
+
+def _map(pairs: tuple[tuple[str, str], ...]) -> Mapping[str, str]:
+    """The map of ``pairs`` (strings from ``SHARED``) that other records hold, if any."""
+    if not pairs:
+        return NOTHING
+    return MAPS(pairs, dict, sum(100 + len(k) + len(v) for k, v in pairs))
+
+
+def _decision(raw: str | None) -> Mapping[str, Any] | None:
+    """``parse_decision`` of the annotation's text, its keys and string values from ``SHARED``; one
+    parsed map per distinct text (read only: records never change what they hold)."""
+    if not raw or len(raw) > MAX_DECISION_LENGTH:
+        return None
+    return DECISIONS(raw, _parsed_decision, len(raw))
+
+
+def _parsed_decision(raw: str) -> Mapping[str, Any] | None:
+    doc = parse_decision(raw)
+    if doc is None:
+        return None
+    return {SHARED(k): SHARED(v) if type(v) is str else v for k, v in doc.items()}
+
+
+def _annotation(annotations: Mapping[str, str], key: str) -> str | None:
+    """``contract.pod_annotation_value`` of the annotation, the copy other records hold."""
+    value = contract.pod_annotation_value(key, annotations.get(key))
+    return None if value is None else SHARED(value)
+
+
 def field_path(annotation: str) -> str:
     return f"metadata.annotations['{annotation}']"
 
@@ -56,7 +116,7 @@ INJECTED: Final = {
 """The env vars the pod webhook injects, each read from the pod annotation it names."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     namespace: str
     name: str
@@ -105,10 +165,11 @@ class PodRecord:
     ``options.BREAKS`` or one fiar cannot read."""
     generation: int = 0
     """``metadata.generation``: the API server counts every change of the spec in it (0: not given)."""
+    key: tuple[str, str] = field(init=False, repr=False, compare=False)
+    """(namespace, name): one tuple for the record's entries in every index and table that keeps it."""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.namespace, self.name))
 
     @property
     def managed(self) -> bool:
@@ -145,7 +206,7 @@ def _str_map(raw: Any, shared: bool = False) -> Mapping[str, str]:
     if not isinstance(raw, Mapping) or not raw:
         return NOTHING
     if shared:
-        return shared_strings(raw)
+        return _map(tuple((SHARED(k), SHARED(v)) for k, v in raw.items()))
     return {str(k): str(v) for k, v in raw.items()}
 
 
@@ -181,7 +242,7 @@ def _clique_affinity(spec: Mapping[str, Any]) -> frozenset[tuple[str, str]]:
         if len(match) == 1 and not selector.get("matchExpressions"):
             ((key, value),) = match.items()
             found.add((str(key), str(value)))
-    return _set(found)
+    return _part(_set(found))
 
 
 def _starts(status: Mapping[str, Any]) -> Mapping[str, str]:
@@ -189,8 +250,8 @@ def _starts(status: Mapping[str, Any]) -> Mapping[str, str]:
     for cs in status.get("containerStatuses") or []:
         running = (cs.get("state") or {}).get("running") or {}
         if running.get("startedAt") and cs.get("name"):
-            starts[SHARED(cs["name"])] = str(running["startedAt"])
-    return starts or NOTHING
+            starts[SHARED(cs["name"])] = SHARED(running["startedAt"])
+    return _map(tuple(starts.items()))
 
 
 def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
@@ -208,7 +269,7 @@ def _containers(spec: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
             isinstance(e, Mapping) and e.get("name") == contract.ENV_VAR and not is_injected(e) for e in env or []
         )
         found.append((SHARED(container.get("name", "")), explicit))
-    return tuple(found)
+    return _part(tuple(found))
 
 
 def is_injected(entry: Mapping[str, Any]) -> bool:
@@ -233,7 +294,7 @@ def annotations_read(spec: Mapping[str, Any]) -> frozenset[str]:
             for entry in env if isinstance(env, list) else []:
                 if isinstance(entry, Mapping) and is_injected(entry):
                     found.add(INJECTED[str(entry["name"])])
-    return _set(found)
+    return _part(_set(found))
 
 
 def _uncontrolled(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -264,7 +325,7 @@ def _claims(spec: Mapping[str, Any]) -> frozenset[str]:
         for key in ("resourceClaimTemplateName", "resourceClaimName"):
             if claim.get(key):
                 found.add(str(claim[key]))
-    return _set(found)
+    return _part(_set(found))
 
 
 def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -273,7 +334,7 @@ def _releases(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     for container in containers if isinstance(containers, list) else []:
         if isinstance(container, Mapping) and (release := image_release(container.get("image"))) is not None:
             found.append((SHARED(container.get("name", "")), SHARED(release)))
-    return tuple(found)
+    return _part(tuple(found))
 
 
 def _options(spec: Mapping[str, Any]) -> tuple[tuple[str, engine_options.Options], ...]:
@@ -351,7 +412,7 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         options = same.options
     else:
         try:
-            constraint = node_constraint(spec)
+            constraint = _part(node_constraint(spec))
             pinned = _pinned_backend(spec)
             clique_affinity = _clique_affinity(spec)
             claims = _claims(spec)
@@ -362,11 +423,11 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         releases = _releases(spec) if readable else ()
         options = _options(spec) if readable and managed else ()  # a scan of tenant text: managed pods only
     if not (commands and managed and readable):
-        uncontrolled: Mapping[str, str] = {}
+        uncontrolled: Mapping[str, str] = NOTHING
     elif same is not None and same.managed:
         uncontrolled = same.uncontrolled_reasons
     else:
-        uncontrolled = _uncontrolled(spec)
+        uncontrolled = _map(tuple(_uncontrolled(spec).items()))
     return PodRecord(
         namespace=SHARED(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -379,31 +440,20 @@ def pod_record(pod: Mapping[str, Any], commands: bool = True, previous: PodRecor
         resource_version=str(meta.get("resourceVersion") or ""),
         labels=labels,
         lws_size=_lws_size(annotations),
-        backend=contract.pod_annotation_value(
-            contract.ANNOTATION_POD_BACKEND, annotations.get(contract.ANNOTATION_POD_BACKEND)
-        ),
-        decision=parse_decision(annotations.get(contract.ANNOTATION_POD_DECISION)),
+        backend=_annotation(annotations, contract.ANNOTATION_POD_BACKEND),
+        decision=_decision(annotations.get(contract.ANNOTATION_POD_DECISION)),
         constraint=constraint,
         pinned_backend=pinned,
         clique_affinity=clique_affinity,
         container_starts=_starts(status),
         containers=containers,
-        fuse=contract.pod_annotation_value(
-            contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS, annotations.get(contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS)
-        ),
-        use_flashinfer=contract.pod_annotation_value(
-            contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER,
-            annotations.get(contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
-        ),
-        guard=tuple(
-            contract.pod_annotation_value(g.annotation, annotations.get(g.annotation)) for g in contract.MULTICAST_GUARD
-        ),
-        sglang=contract.pod_annotation_value(
-            contract.ANNOTATION_POD_SGLANG_FLAG, annotations.get(contract.ANNOTATION_POD_SGLANG_FLAG)
-        ),
+        fuse=_annotation(annotations, contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS),
+        use_flashinfer=_annotation(annotations, contract.ANNOTATION_POD_ALLREDUCE_USE_FLASHINFER),
+        guard=_part(tuple(_annotation(annotations, g.annotation) for g in contract.MULTICAST_GUARD)),
+        sglang=_annotation(annotations, contract.ANNOTATION_POD_SGLANG_FLAG),
         reads=reads,
-        uncontrolled=tuple(uncontrolled),
-        uncontrolled_reasons=uncontrolled or NOTHING,
+        uncontrolled=_part(tuple(uncontrolled)),
+        uncontrolled_reasons=uncontrolled,
         imex_claims=claims,
         releases=releases,
         options=options,

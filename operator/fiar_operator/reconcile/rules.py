@@ -366,7 +366,7 @@ def pod_outcome(pod: PodRecord, policy: Policy) -> tuple[str, ...]:
         return ()
     found = ["fusionUncontrolled"] if uncontrolled_containers(pod, policy) else []
     if pod.node is None:
-        return (*found, "pending")
+        return _outcome((*found, "pending"))
     reason = (pod.decision or {}).get("reason")
     found.append("decided" if reason == decide.VERIFIED_REASON else "fallback")
     if (contract.ANNOTATION_POD_FUSE_ALLREDUCE_RMS in pod.reads and _fusion_of(pod) == "off") or (
@@ -383,7 +383,16 @@ def pod_outcome(pod: PodRecord, policy: Policy) -> tuple[str, ...]:
         found.append("releaseNotQualified")
     if is_stale(pod):
         found.append("stale")
-    return tuple(found)
+    return _outcome(tuple(found))
+
+
+def _outcome(outcome: tuple[str, ...]) -> tuple[str, ...]:
+    return OUTCOMES.setdefault(outcome, outcome)
+
+
+OUTCOMES: Final[dict[tuple[str, ...], tuple[str, ...]]] = {}
+"""One tuple per distinct outcome (``status.Outcomes`` keeps one per pod; the counts' names are
+this module's constants, so the outcomes are few)."""
 
 
 def policy_status(

@@ -7,8 +7,9 @@ import sys
 from typing import Any
 
 import fiar_contract as contract
-from fiar_operator.core.pods import pod_record
-from fiar_operator.core.strings import Shared
+from fiar_operator.core.decide import parse_decision
+from fiar_operator.core.pods import FIELD_PATH, pod_record
+from fiar_operator.core.strings import Kept, Shared
 from fiar_operator.state import kinds
 from fiar_operator.state.store import MEMO_TTL, Store
 
@@ -140,6 +141,101 @@ def test_records_of_pods_alike_share_their_strings_and_their_empty_parts() -> No
         )
     )
     assert first.constraint is second.constraint
+
+
+def managed_deployment_pod(i: int, node: str = "gpu-1") -> dict[str, Any]:
+    """A managed pod of a Deployment, bound and decided, as a watch event decodes it."""
+    decision = {"backend": "trtllm", "fusion": "on", "guard": True, "node": node, "policy": "p", "reason": "Verified"}
+    injected = {"name": contract.ENV_VAR, "valueFrom": {"fieldRef": {"fieldPath": FIELD_PATH}}}
+    decoded: dict[str, Any] = json.loads(
+        json.dumps(
+            {
+                "metadata": {
+                    "name": f"vllm-7d9f8c6b5-{i:05d}",
+                    "namespace": "ml",
+                    "uid": f"uid-{i}",
+                    "resourceVersion": str(100 + i),
+                    "generation": 1,
+                    "labels": {"app": "vllm", "pod-template-hash": "7d9f8c6b5", contract.LABEL_POD_POLICY: "p"},
+                    "annotations": {
+                        contract.ANNOTATION_POD_BACKEND: "trtllm",
+                        contract.ANNOTATION_POD_SGLANG_FLAG: contract.SGLANG_FLAGS["off"],
+                        **{g.annotation: g.off for g in contract.MULTICAST_GUARD},
+                        contract.ANNOTATION_POD_DECISION: json.dumps(decision),
+                    },
+                },
+                "spec": {
+                    "nodeName": node,
+                    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.33.0",
+                            "command": ["vllm", "serve", "m"],
+                            "env": [injected],
+                        }
+                    ],
+                },
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {"name": "vllm", "state": {"running": {"startedAt": "2026-12-06T04:50:12Z"}}}
+                    ],
+                },
+            }
+        )
+    )
+    return decoded
+
+
+def test_managed_pods_alike_hold_one_copy_of_each_part_their_records_read() -> None:
+    """Labels, the decision of one node, what one template's spec gives and the annotations' values
+    are held once however many pods hold them (a record holds about 0.65 KiB of its own,
+    docs/operator.md "Indexes under bad input and failures")."""
+    first, second = pod_record(managed_deployment_pod(1)), pod_record(managed_deployment_pod(2))
+    assert first.labels is second.labels and first.container_starts is second.container_starts
+    assert first.decision is second.decision and first.decision == parse_decision(
+        managed_deployment_pod(1)["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION]
+    )
+    for name in ("containers", "reads", "releases", "guard", "constraint", "backend", "sglang", "uncontrolled"):
+        assert getattr(first, name) is getattr(second, name), name
+    assert first.reads and first.guarded and first.constraint.node_selector and first.releases
+    elsewhere = pod_record(managed_deployment_pod(4, node="gpu-2"))
+    assert elsewhere.decision is not None and first.decision is not None and elsewhere.decision["node"] == "gpu-2"
+    assert all(a is b for a, b in zip(first.decision, elsewhere.decision, strict=True))  # keys
+    assert elsewhere.decision["backend"] is first.decision["backend"]
+    assert elsewhere.labels is first.labels
+    assert not hasattr(first, "__dict__")  # a record's fields are slots: no dict per record
+
+
+def test_a_decision_that_is_not_ours_is_no_decision_whether_kept_or_not() -> None:
+    pod = managed_deployment_pod(1)
+    for raw in ("[1, 2]", "{", "x" * 5000, ""):
+        pod["metadata"]["annotations"][contract.ANNOTATION_POD_DECISION] = raw
+        assert pod_record(pod).decision is None and pod_record(pod).decision is None
+
+
+def test_the_table_of_kept_values_starts_over_when_full_and_keeps_no_large_value() -> None:
+    """What a tenant writes decides what the table holds: it is bounded in entries and in bytes, and
+    what it forgot is kept again from the next time it is seen."""
+    made: list[str] = []
+
+    def make(key: str) -> list[str]:
+        made.append(key)
+        return [key]
+
+    table: Kept[str, list[str]] = Kept(entries=2, size=100)
+    first = table("a", make, 10)
+    assert table("a", make, 10) is first and made == ["a"]
+    table("b", make, 10)
+    table("c", make, 10)  # the third: the table starts over
+    assert len(table) == 1 and table("a", make, 10) is not first and made == ["a", "b", "c", "a"]
+    table("big", make, 100)  # as large as the bound: made, never kept
+    assert len(table) == 2 and table("big", make, 100) == ["big"] and made.count("big") == 2
+    by_size: Kept[str, list[str]] = Kept(entries=100, size=100)
+    by_size("x", make, 60)
+    by_size("y", make, 60)  # past the bytes: the table starts over
+    assert len(by_size) == 1
 
 
 def test_node_labels_alike_are_held_once() -> None:
