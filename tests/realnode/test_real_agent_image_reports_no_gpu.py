@@ -5,6 +5,8 @@ The image is multi-GB and built only on request (``make agent-image``, ``python 
 The node has no GPU and no NVIDIA container toolkit, so the image's own entry point runs ``fiar-agent
 probe --json`` exactly as it would on a GPU node whose driver is missing: exit code 1 (degraded), zero
 GPUs, no ``fiar.io/backend`` label, and the reason NVML gave (``fiar-agent`` exit codes: node_agent/cli.py).
+Each architecture's image is its own build (``--arch arm64``: a Grace node's image); a foreign one runs
+under qemu (``devcluster/binfmt.py``), imported as its single manifest as a Grace node would pull it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import contextlib
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import fiar_contract as contract
-from devcluster import images
+from devcluster import binfmt, images
 from devcluster.cluster import ControlPlane, ControlPlaneError
 from devcluster.waiting import wait_for
 
@@ -34,22 +37,35 @@ def _report(log: str) -> dict[str, Any]:
     return parsed
 
 
-def test_the_real_agent_images_probe_reports_no_gpu_on_a_node_without_one(plane_d: ControlPlane) -> None:
-    image = images.agent_image()
+@pytest.mark.parametrize("arch", images.ARCHITECTURES)
+def test_the_real_agent_images_probe_reports_no_gpu_on_a_node_without_one(
+    plane_d: ControlPlane, arch: str, tmp_path: Path
+) -> None:
+    host = arch == binfmt.host_arch()
+    image = images.agent_image(None if host else (arch,))
     if not image.archive.is_file():
-        pytest.skip(f"the real agent image is not in the cache ({image.archive}): build it with `make agent-image`")
+        build = "make agent-image" if host else f"python -m devcluster build --agent-image --arch {arch}"
+        pytest.skip(f"the real {arch} agent image is not in the cache ({image.archive}): build it with `{build}`")
     node = plane_d.real_node
     assert node is not None
-    node.ctr("images", "import", str(image.archive), timeout=1200)
+    ref = image.ref
+    if host:
+        node.ctr("images", "import", str(image.archive), timeout=1200)
+    else:
+        binfmt.ensure(arch)
+        ref = f"{image.ref}-{arch}"
+        single = images.platform_archive(image.archive, arch, ref, tmp_path / "agent.tar")
+        try:
+            node.ctr("images", "import", str(single), timeout=1200)
+        finally:
+            single.unlink()
     namespace = plane_d.create_namespace(f"agent-image-{uuid.uuid4().hex[:6]}")
     pod = {
         "metadata": {"name": "fiar-agent-probe"},
         "spec": {
             "nodeName": node.name,
             "restartPolicy": "Never",
-            "containers": [
-                {"name": "agent", "image": image.ref, "imagePullPolicy": "Never", "args": ["probe", "--json"]}
-            ],
+            "containers": [{"name": "agent", "image": ref, "imagePullPolicy": "Never", "args": ["probe", "--json"]}],
         },
     }
     with plane_d.api_client() as api:
@@ -67,7 +83,7 @@ def test_the_real_agent_images_probe_reports_no_gpu_on_a_node_without_one(plane_
         finally:
             core.delete_namespace(namespace)
             with contextlib.suppress(ControlPlaneError):  # 7.6 GB unpacked: not kept past this test
-                node.ctr("images", "rm", image.ref)
+                node.ctr("images", "rm", ref)
     assert terminated.exit_code == 1, log[-3000:]  # degraded: the probe finished, no step could answer
     report = _report(log)
     assert report["status"] == "degraded"
