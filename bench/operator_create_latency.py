@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import kyverno_peer
-from operator_fleet import NAMESPACES, cpu_seconds, create, established, node_body, populate
+from operator_fleet import NAMESPACES, cpu_seconds, create, established, node_body, populate, populate_nodes
 from operator_process import NoopWebhookProcess, OperatorProcess, buckets, quantile_bound, total
 
 import fiar_contract as contract
@@ -353,6 +353,10 @@ def stop_webhook(kind: str, running: OperatorProcess | None, client: kube.Kube) 
         time.sleep(2)
 
 
+FLEET_GPU_EVERY = 5
+"""One fleet node in this many is a GPU node (operator_fleet.py's default)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, help="source tree of the operator to compare with")
@@ -411,7 +415,8 @@ def main() -> None:
         if args.fleet:
             for namespace in (f"fleet-{k}" for k in range(NAMESPACES)):
                 create(client, kube.NAMESPACES, {"metadata": {"name": namespace}})
-            populate(plane, range(args.fleet[0]), range(args.fleet[1]))
+            populate_nodes(plane, args.fleet[0], FLEET_GPU_EVERY)
+            populate(plane, args.fleet[0], FLEET_GPU_EVERY, range(args.fleet[1]), managed=False, decision=None)
         spec = {
             "podSelector": {"matchLabels": {"app": "vllm"}},
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MANAGED_NS}},
@@ -424,7 +429,9 @@ def main() -> None:
             name: decide(
                 chosen,
                 name,
-                node_body(int(name[5:]))["metadata"]["labels"] if args.fleet else {contract.LABEL_BACKEND: "trtllm"},
+                node_body(int(name[5:]), FLEET_GPU_EVERY)["metadata"]["labels"]
+                if args.fleet
+                else {contract.LABEL_BACKEND: "trtllm"},
             ).backend
             for name in targets
         }
