@@ -82,10 +82,7 @@ def configuration(
     timeout: int = TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """The configuration, pointing at ``url`` (https://host:port) or ``service`` (namespace, name, port)."""
-    if (url is None) == (service is None):
-        raise ValueError("give exactly one of url and service")
-    if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
+    _check_target(url, service, timeout)
     ns_selector = dict(selector) if selector is not None else namespace_selector()
 
     def client_config(path: str) -> dict[str, Any]:
@@ -132,10 +129,7 @@ def policy_configuration(
     """The policy webhook's configuration (validating, fails open, allows every policy): before a
     policy is stored the operator makes the pod webhooks' conditions cover it, so that pods created
     right after it (one apply of a policy and its workload) reach them."""
-    if (url is None) == (service is None):
-        raise ValueError("give exactly one of url and service")
-    if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
+    _check_target(url, service, timeout)
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -161,6 +155,13 @@ def policy_configuration(
             }
         ],
     }
+
+
+def _check_target(url: str | None, service: tuple[str, str, int] | None, timeout: int) -> None:
+    if (url is None) == (service is None):
+        raise ValueError("give exactly one of url and service")
+    if not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"webhook timeout {timeout}s: expected 1 to {MAX_TIMEOUT_SECONDS}")
 
 
 def _client_config(
